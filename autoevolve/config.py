@@ -1,0 +1,148 @@
+"""Run configs (YAML): which environment, model, backend, budgets and stage settings a run uses.
+
+Every section forbids unknown keys, so a typo fails before any work with the field's dotted name.
+Relative paths are resolved against the config file's folder's parent when they do not exist as given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autoevolve.distill import SFTSettings
+from autoevolve.hcp import HCPConfig
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvSettings(Section):
+    """The environment and its task splits."""
+
+    name: Literal["life"] = "life"
+    seed: int = Field(default=0, description="World and task generation seed.")
+    tiers: list[int] = Field(default=[1, 2, 3], description="Task tiers to use (1: one call, 2: search+act, 3: choose).")
+    n_train: int = Field(default=256, gt=0)
+    n_dev: int = Field(default=64, gt=0)
+    n_test: int = Field(default=96, gt=0)
+
+
+class OpenAISettings(Section):
+    """An OpenAI-compatible server (vLLM, SGLang, llama.cpp server, OpenAI)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key_env: str = Field(default="OPENAI_API_KEY", description="Environment variable holding the key.")
+    concurrency: int = Field(default=8, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=2, ge=0)
+
+
+class ModelSettings(Section):
+    """The base model and how it is served."""
+
+    name: str = Field(default="smollm2-135m-instruct", description="Embedded default, an HF model id, or a path.")
+    backend: Literal["local", "openai"] = "local"
+    batch_size: int = Field(default=32, gt=0, description="Requests per generate call (local backend).")
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
+
+
+class EvolveSettings(Section):
+    """Stage 1: prompt evolution on train tasks."""
+
+    train_tasks: int = Field(default=32, gt=0, description="Train tasks every candidate is scored on.")
+    candidates: int = Field(default=4, ge=0, description="Children proposed after the seed config.")
+    mutators: list[Literal["demos", "tool_format"]] = Field(default=["demos", "tool_format"])
+    demo_pool: int = Field(default=12, gt=0, description="Demos a bootstrapped demo set holds.")
+    frozen: list[str] = Field(default_factory=list, description="HCP components no mutator may change.")
+
+
+class SelectSettings(Section):
+    """Stage 2: paired comparison against the original config."""
+
+    train_tasks: int = Field(default=96, gt=0, description="Train tasks rolled out under both configs.")
+    margin: float = Field(default=0.0, ge=0.0, description="Evolved reward must beat the original's by more.")
+    min_reward: float = Field(default=1.0, ge=0.0, le=1.0, description="Kept rollouts must also reach this reward.")
+
+
+class GateSettings(Section):
+    """The promotion gate (dev split) and the report (test split)."""
+
+    dev_tasks: int = Field(default=32, gt=0)
+    test_tasks: int = Field(default=64, gt=0)
+    min_gain: float = Field(default=0.0, description="Dev gain of adapter over base (original config) to promote.")
+
+
+class RunConfig(Section):
+    """One run of the loop."""
+
+    run_id: str | None = Field(default=None, description="Defaults to the config file's stem.")
+    seed: int = 0
+    hcp: Path = Field(description="YAML file of the original HCP config.")
+    expert: str = Field(default="L1-life", description="Registry name of the LoRA expert being improved.")
+    store: Path = Field(default=Path("trajectories/autoevolve.duckdb"))
+    run_dir: Path = Field(default=Path("trajectories/runs"), description="Reports and adapters go in run_dir/run_id.")
+    env: EnvSettings = Field(default_factory=EnvSettings)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    evolve: EvolveSettings = Field(default_factory=EvolveSettings)
+    select: SelectSettings = Field(default_factory=SelectSettings)
+    distill: SFTSettings = Field(default_factory=SFTSettings)
+    gate: GateSettings = Field(default_factory=GateSettings)
+
+    def original_hcp(self) -> HCPConfig:
+        """The original HCP config named by ``hcp``."""
+        return HCPConfig.from_yaml(self.hcp)
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message is one line naming the file and field."""
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and check a run config and the HCP file it names; raise ConfigError with one clear line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_first_error(exc)}") from None
+    config.hcp = _existing(config.hcp, path, "hcp")
+    config.run_id = config.run_id or path.stem
+    try:
+        config.original_hcp()
+    except ValidationError as exc:
+        raise ConfigError(f"{config.hcp}: {_first_error(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{config.hcp}: not valid YAML: {' '.join(str(exc).split())}") from None
+    return config
+
+
+def _existing(value: Path, config_path: Path, field: str) -> Path:
+    """A file named by the config: as given, or relative to the project folder above the config's folder."""
+    for candidate in (value, config_path.parent / value, config_path.parent.parent / value):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{config_path}: {field}: file {value} not found")
+
+
+def _first_error(exc: ValidationError) -> str:
+    """One line for the first validation error: dotted field, what is wrong, the fix where obvious."""
+    err: dict[str, Any] = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key (check the spelling; see the documented settings)"
+    if err["type"] == "missing":
+        return f"{where}: required setting is missing"
+    return f"{where}: {err['msg']} (got {err.get('input')!r})"

@@ -1,0 +1,180 @@
+"""LoRA SFT on distillation examples with TRL, on CPU (fp32) or one CUDA device (bf16), same code.
+
+A fresh base model is loaded for every run so training never touches the weights the policy serves. The adapter
+is saved in PEFT safetensors format with ``base_model_name_or_path`` set to the base model id, which vLLM needs.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoevolve.distill.dataset import build_dataset
+from autoevolve.model import base_model_id, load
+
+DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class SFTSettings(BaseModel):
+    """Hyper-parameters of one LoRA SFT run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epochs: float = Field(default=2, gt=0, description="Passes over the examples (fractions allowed).")
+    learning_rate: float = Field(
+        default=1e-3, gt=0, description="Peak AdamW learning rate, decayed linearly to 0; LoRA on 135M takes ~1e-3."
+    )
+    batch_size: int = Field(default=8, ge=1, description="Examples per device step.")
+    grad_accum: int = Field(default=1, ge=1, description="Device steps accumulated into one optimiser step.")
+    lora_r: int = Field(default=16, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_TARGETS), description="Linear layers that get LoRA (never lm_head)."
+    )
+    max_length: int = Field(default=1024, ge=16, description="Tokens kept per example (its start is kept).")
+    seed: int = Field(default=0, description="Seed for adapter init, data order and dropout.")
+
+
+class TrainResult(BaseModel):
+    """What a training run produced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Folder of the saved PEFT adapter.")
+    steps: int = Field(description="Optimiser steps taken.")
+    train_loss: float = Field(description="Mean training loss over all steps (the Trainer's train_loss).")
+    first_loss: float = Field(description="Loss logged at the first step.")
+    last_loss: float = Field(description="Loss logged at the last step.")
+    seconds: float = Field(description="Wall time of the run, loading and saving included.")
+    examples: int = Field(description="Examples trained on (those with an assistant token within max_length).")
+
+
+def train_sft(
+    examples: list[list[dict]],
+    model_name: str,
+    out_dir: str | Path,
+    settings: SFTSettings,
+    init_adapter: str | None = None,
+    progress: Callable[[dict], None] | None = None,
+    tools: list[dict] | None = None,
+) -> TrainResult:
+    """Train a LoRA adapter on chat examples (loss on assistant tokens only) and save it to ``out_dir``.
+
+    With ``init_adapter`` training continues from that adapter and its own rank, alpha and targets (the LoRA fields
+    of ``settings`` are ignored). ``tools`` is the native tool list for the chat template (see ``native_tools``).
+    """
+    import torch
+    from transformers import set_seed
+    from trl import SFTTrainer
+
+    start = time.perf_counter()
+    set_seed(settings.seed)  # before the adapter is created: its A matrices are drawn at random
+    model, tokenizer = load(model_name)  # fresh copy: the serving policy's weights are never trained
+    tokenizer.padding_side = "right"  # TRL pads itself on the right; keep the tokenizer consistent with it
+    dataset = build_dataset(examples, tokenizer, tools=tools, max_length=settings.max_length)
+    model = _with_adapter(model, settings, init_adapter)
+    with tempfile.TemporaryDirectory(prefix="autoevolve-sft-") as tmp:
+        trainer = SFTTrainer(
+            model=model,
+            args=_config(settings, tmp, cuda=torch.cuda.is_available()),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[_progress_callback(progress)] if progress else None,
+        )
+        output = trainer.train()
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    path = _save(trainer.model, out_dir, base_model_id(model_name))
+    return TrainResult(
+        path=str(path),
+        steps=output.global_step,
+        train_loss=float(output.training_loss),
+        first_loss=float(losses[0]) if losses else float("nan"),
+        last_loss=float(losses[-1]) if losses else float("nan"),
+        seconds=time.perf_counter() - start,
+        examples=len(dataset),
+    )
+
+
+def _with_adapter(model: Any, settings: SFTSettings, init_adapter: str | None) -> Any:
+    """Wrap the base in a new LoRA adapter, or in a saved one to continue training it."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if init_adapter is not None:
+        return PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
+    config = LoraConfig(
+        r=settings.lora_r,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=list(settings.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def _config(settings: SFTSettings, output_dir: str, cuda: bool) -> Any:
+    """TRL SFTConfig: no checkpoints, no reporting, a log line per step, seeded, device-aware precision."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=output_dir,
+        num_train_epochs=settings.epochs,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.grad_accum,
+        max_length=settings.max_length,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        weight_decay=0.0,
+        use_cpu=not cuda,
+        bf16=cuda,
+        fp16=False,
+        # A 135M model's activations fit easily; recomputing them would only cost time.
+        activation_checkpointing=False,
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to=[],
+        seed=settings.seed,
+        data_seed=settings.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def _save(model: Any, out_dir: str | Path, base: str) -> Path:
+    """Save the adapter (safetensors) and pin ``base_model_name_or_path`` to the base model id."""
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    for config in model.peft_config.values():
+        config.base_model_name_or_path = base
+    model.save_pretrained(str(path), safe_serialization=True)
+    # PEFT may re-derive the field from the model on save; rewrite it so vLLM finds the right base whatever it did.
+    config_file = path / "adapter_config.json"
+    body = json.loads(config_file.read_text())
+    if body.get("base_model_name_or_path") != base:
+        body["base_model_name_or_path"] = base
+        config_file.write_text(json.dumps(body, indent=2, sort_keys=True))
+    return path
+
+
+def _progress_callback(progress: Callable[[dict], None]) -> Any:
+    """A TrainerCallback forwarding each log row (loss, learning rate, step) to ``progress``."""
+    from transformers import TrainerCallback
+
+    class ProgressCallback(TrainerCallback):
+        """Calls ``progress`` on every log."""
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            """Report one log row with its step."""
+            if logs:
+                progress({"step": state.global_step, "max_steps": state.max_steps, **logs})
+
+    return ProgressCallback()

@@ -1,0 +1,107 @@
+"""Stage 1, prompt evolution: mutate HCP configs around the frozen weights and keep the ones that score better."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from autoevolve.envs import Environment
+from autoevolve.evolve.mutators import Evidence, Mutator, keep_frozen, make_mutators
+from autoevolve.hcp import HCPConfig
+from autoevolve.records import Candidate, Task, Trajectory
+from autoevolve.workbench import Workbench, mean
+
+__all__ = ["EvolveResult", "evolve", "train_tasks"]
+
+
+@dataclass
+class EvolveResult:
+    """The search's outcome: the best config, every candidate, and the train tasks they were scored on."""
+
+    best: HCPConfig
+    original: HCPConfig
+    candidates: list[Candidate]
+    configs: dict[str, HCPConfig]
+    tasks: list[Task]
+
+
+def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
+    """A seeded subset of the train split (the same for the same seed)."""
+    pool = env.tasks("train")
+    return sorted(random.Random(seed).sample(pool, min(n, len(pool))), key=lambda t: t.id)
+
+
+def evolve(
+    bench: Workbench,
+    original: HCPConfig,
+    *,
+    tasks: list[Task],
+    candidates: int,
+    mutators: list[str],
+    demo_pool: int = 12,
+    frozen: list[str] = (),
+    adapter: str = "",
+) -> EvolveResult:
+    """Greedy search from the original config: each child is built from the best config so far.
+
+    A child is kept when its mean train reward beats its parent's; a mutator that raises yields a crashed
+    candidate, recorded with the reason, never an aborted search.
+    """
+    rng = random.Random(bench.seed)
+    ops = make_mutators(mutators, demo_pool)
+    by_id = {t.id: t for t in tasks}
+    evidence = Evidence(trajectories=[], tasks=by_id, reference=bench.env.reference)
+    configs = {original.id: original}
+    seed = _score(bench, original, tasks, adapter, evidence)
+    pool = [_candidate(bench, original, None, "seed", "keep", seed)]
+    best = pool[0]
+    for i in range(candidates):
+        op: Mutator = ops[i % len(ops)]
+        parent = configs[best.hcp_id]
+        try:
+            child = keep_frozen(parent, op.propose(parent, evidence, rng), list(frozen))
+        except ValueError as exc:
+            pool.append(_crash(bench, parent, op, str(exc)))
+            continue
+        if child.id in configs:
+            pool.append(_crash(bench, parent, op, f"proposed an already tried config {child.id}"))
+            continue
+        configs[child.id] = child.model_copy(update={"name": f"{original.name}+{op.name}{i + 1}"})
+        trajs = _score(bench, configs[child.id], tasks, adapter, evidence)
+        status = "keep" if mean([t.reward for t in trajs]) > best.mean_reward else "discard"
+        pool.append(_candidate(bench, configs[child.id], parent.id, op.name, status, trajs))
+        if status == "keep":
+            best = pool[-1]
+    return EvolveResult(configs[best.hcp_id], original, pool, configs, tasks)
+
+
+def _score(
+    bench: Workbench, hcp: HCPConfig, tasks: list[Task], adapter: str, evidence: Evidence
+) -> list[Trajectory]:
+    """Roll a config out on the train tasks and add the rollouts to the evidence."""
+    trajs = bench.rollouts(hcp, tasks, adapter=adapter, stage="evolve")
+    evidence.trajectories.extend(trajs)
+    return trajs
+
+
+def _candidate(
+    bench: Workbench, hcp: HCPConfig, parent: str | None, mutator: str, status: str, trajs: list[Trajectory]
+) -> Candidate:
+    """Record a scored candidate in the store."""
+    scores = {t.task_id: t.reward for t in trajs}
+    c = Candidate(
+        run_id=bench.run_id, round=bench.round, hcp_id=hcp.id, parent_id=parent, mutator=mutator,
+        status=status, scores=scores, mean_reward=mean(list(scores.values())),
+    )
+    bench.store.put_candidate(c)
+    return c
+
+
+def _crash(bench: Workbench, parent: HCPConfig, op: Mutator, why: str) -> Candidate:
+    """Record a proposal that failed, with why."""
+    c = Candidate(
+        run_id=bench.run_id, round=bench.round, hcp_id=f"crash-{op.name}-{parent.id}", parent_id=parent.id,
+        mutator=op.name, status="crash", note=why,
+    )
+    bench.store.put_candidate(c)
+    return c

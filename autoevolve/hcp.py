@@ -1,0 +1,246 @@
+"""The HCP config (Harness Context Protocol): everything the model sees around the frozen weights.
+
+A config is a set of named components (system prompt, tools, how tools are shown, call syntax, demos, memory
+layout, routing text, sampling, scaffold). Its id is a hash of its content. ``render(task, history)`` gives the
+exact chat messages (and, for native tool calling, the tool list) the model sees at the next step.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoevolve.records import Message, Task
+
+COMPONENTS = (
+    "system_prompt",
+    "tools",
+    "tool_format",
+    "call_syntax",
+    "demos",
+    "memory",
+    "routing",
+    "sampling",
+    "scaffold",
+)
+
+
+class Strict(BaseModel):
+    """Unknown keys are an error: a typo in a config must not pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Demo(Strict):
+    """A few-shot demonstration: a canonical conversation of one train task."""
+
+    task_id: str
+    messages: list[Message]
+
+
+class Demos(Strict):
+    """Few-shot demonstrations and how they are chosen for a task."""
+
+    items: list[Demo] = Field(default_factory=list)
+    select: Literal["all", "nearest"] = Field(
+        default="all", description="all: every demo, in order; nearest: the k demos whose requests share most words."
+    )
+    k: int = Field(default=3, ge=1, le=32, description="Demos shown per task when select is 'nearest'.")
+    style: Literal["full", "first_call"] = Field(
+        default="full", description="full: whole conversations; first_call: request and first reply only (shorter)."
+    )
+
+    def for_task(self, task: Task) -> list[Demo]:
+        """The demos to show before a task, never the task's own."""
+        pool = [d for d in self.items if d.task_id != task.id]
+        if self.select == "all":
+            return pool
+        words = _words(task.request)
+        ranked = sorted(pool, key=lambda d: -len(words & _words(d.messages[0].content)))  # stable: ties keep order
+        return ranked[: self.k][::-1]  # the most similar demo last, nearest the request
+
+
+def _words(text: str) -> set[str]:
+    """Lower-cased word set of a text, for demo retrieval."""
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+class Memory(Strict):
+    """Where and how task metadata (the user's memory) is shown."""
+
+    position: Literal["system", "user", "none"] = "system"
+    template: str = Field(default="", description="Formatted with the task's metadata, e.g. 'Today is {today}.'")
+
+
+class Sampling(Strict):
+    """Decoding knobs for every model call."""
+
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=96, gt=0, le=4096)
+
+
+class Scaffold(Strict):
+    """Limits and shapes of the tool loop."""
+
+    max_steps: int = Field(default=4, gt=0, le=64, description="Model calls per episode before it is cut off.")
+    tool_result_role: Literal["tool", "user"] = Field(default="tool", description="Role that carries tool results.")
+
+
+ToolFormat = Literal["native", "json", "python", "compact"]
+CallSyntax = Literal["json", "python"]
+
+
+class HCPConfig(Strict):
+    """A harness config. Mutators change components; the environment's scorer is never part of it."""
+
+    name: str = Field(default="config", description="A label; not part of the id.")
+    system_prompt: str = Field(description="Template; {tools}, {call_format}, {memory} and {routing} are filled in.")
+    tools: list[dict[str, Any]] = Field(description="Tool specs in the OpenAI function schema.")
+    tool_format: ToolFormat = Field(
+        default="json",
+        description="native: tools= to the chat template or server; json/python/compact: listed in the prompt.",
+    )
+    call_syntax: CallSyntax = Field(default="json", description="How calls are written when tools are in the prompt.")
+    demos: Demos = Field(default_factory=Demos)
+    memory: Memory = Field(default_factory=Memory)
+    routing: str = Field(default="", description="Routing instructions (which expert handles what).")
+    sampling: Sampling = Field(default_factory=Sampling)
+    scaffold: Scaffold = Field(default_factory=Scaffold)
+
+    @property
+    def id(self) -> str:
+        """Content hash of every component (the name excluded)."""
+        body = self.model_dump(mode="json", exclude={"name"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+    @property
+    def tool_names(self) -> list[str]:
+        """Names of the tools this config offers."""
+        return [t["function"]["name"] for t in self.tools]
+
+    def render(self, task: Task, history: list[Message] = ()) -> tuple[list[dict[str, Any]], list[dict] | None]:
+        """The messages (OpenAI dicts) and native tool list the model sees for a task after ``history``.
+
+        ``history`` is the canonical conversation so far, starting with the user's request; when empty,
+        the request alone is used.
+        """
+        history = list(history) or [Message(role="user", content=task.request)]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": self._system(task)}]
+        for demo in self.demos.for_task(task):
+            shown = demo.messages[:2] if self.demos.style == "first_call" else demo.messages
+            messages += [self._message(m, None) for m in shown]
+        messages += [self._message(m, task if i == 0 else None) for i, m in enumerate(history)]
+        return messages, (self.tools if self.tool_format == "native" else None)
+
+    def _system(self, task: Task) -> str:
+        """Fill the system prompt template."""
+        filled = {
+            "{tools}": render_tools(self.tools, self.tool_format),
+            "{call_format}": "" if self.tool_format == "native" else CALL_FORMATS[self.call_syntax],
+            "{memory}": self._memory(task) if self.memory.position == "system" else "",
+            "{routing}": self.routing,
+        }
+        text = self.system_prompt
+        for key, value in filled.items():
+            text = text.replace(key, value)
+        return re.sub(r"\n{3,}", "\n\n", text).strip()  # empty placeholders leave no blank runs
+
+    def _memory(self, task: Task) -> str:
+        """Task metadata through the memory template; unknown fields are left empty."""
+        return self.memory.template.format_map(_Blank(task.metadata)) if self.memory.template else ""
+
+    def _message(self, message: Message, first_of: Task | None) -> dict[str, Any]:
+        """One canonical message as the model sees it under this config."""
+        if message.role == "user":
+            content = message.content
+            if first_of is not None and self.memory.position == "user" and self.memory.template:
+                content = f"{self._memory(first_of)}\n{content}"
+            return {"role": "user", "content": content}
+        if message.role == "tool":
+            if self.tool_format == "native":
+                return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+            if self.scaffold.tool_result_role == "user":
+                return {"role": "user", "content": f"Tool result: {message.content}"}
+            return {"role": "tool", "content": message.content}
+        if message.role == "assistant" and message.tool_calls:
+            if self.tool_format == "native":
+                calls = [c.model_dump() for c in message.tool_calls]
+                return {"role": "assistant", "content": message.content, "tool_calls": calls}
+            return {"role": "assistant", "content": "\n".join(format_call(c, self.call_syntax) for c in message.tool_calls)}
+        return {"role": message.role, "content": message.content}
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> HCPConfig:
+        """Load a config from YAML (pydantic errors name the bad field)."""
+        return cls.model_validate(yaml.safe_load(Path(path).read_text()))
+
+    def to_yaml(self) -> str:
+        """Serialise to YAML, components in their declared order."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=120)
+
+
+class _Blank(dict):
+    """format_map helper: a missing key renders as an empty string."""
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+CALL_FORMATS = {
+    "json": 'To use a tool, reply with only a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}.',
+    "python": 'To use a tool, reply with only a call like tool_name(arg="value", number=2).',
+}
+
+
+def render_tools(tools: list[dict[str, Any]], tool_format: ToolFormat) -> str:
+    """Show tool specs as text: JSON schema lines, Python-style signatures, or a compact list."""
+    if tool_format == "native":
+        return ""
+    lines = []
+    for tool in tools:
+        fn = tool["function"]
+        if tool_format == "json":
+            lines.append(json.dumps(fn, separators=(",", ":")))
+            continue
+        props = fn.get("parameters", {}).get("properties", {})
+        required = set(fn.get("parameters", {}).get("required", []))
+        if tool_format == "python":
+            args = ", ".join(f"{p}: {_PY_TYPES.get(s.get('type'), 'str')}{'' if p in required else ' = None'}" for p, s in props.items())
+            lines.append(f"def {fn['name']}({args}):\n    \"\"\"{fn.get('description', '')}\"\"\"")
+        else:
+            args = ", ".join(p if p in required else f"{p}?" for p in props)
+            lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")
+    return "\n".join(lines)
+
+
+_PY_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list", "object": "dict"}
+
+
+def format_call(call: Any, syntax: CallSyntax) -> str:
+    """Write a tool call in a call syntax (the exact text a demo or a distilled turn contains)."""
+    args = call.arguments
+    if syntax == "json":
+        return json.dumps({"name": call.name, "arguments": args})
+    return f"{call.name}({', '.join(f'{k}={json.dumps(v)}' for k, v in args.items())})"
+
+
+def diff(a: HCPConfig, b: HCPConfig) -> str:
+    """A readable per-component diff from ``a`` to ``b``; empty when the contents are equal."""
+    parts = []
+    dumped_a, dumped_b = a.model_dump(mode="json"), b.model_dump(mode="json")
+    for name in COMPONENTS:
+        if dumped_a[name] == dumped_b[name]:
+            continue
+        old = yaml.safe_dump({name: dumped_a[name]}, sort_keys=False, width=120).splitlines()
+        new = yaml.safe_dump({name: dumped_b[name]}, sort_keys=False, width=120).splitlines()
+        body = difflib.unified_diff(old, new, f"{a.id}/{name}", f"{b.id}/{name}", lineterm="", n=2)
+        parts.append("\n".join(body))
+    return "\n".join(parts)

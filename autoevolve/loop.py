@@ -1,0 +1,178 @@
+"""One round of the loop as plain library functions; ``flows/`` wraps each in a Prefect task.
+
+round r: evolve configs around adapter A_r -> select what the best config unlocked -> distil it into A_{r+1}
+under the original config -> gate on dev -> promote or reject -> report the 2x2 on test.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autoevolve import registry
+from autoevolve.config import RunConfig
+from autoevolve.distill import TrainResult, native_tools, render_examples, train_sft
+from autoevolve.envs import make_env
+from autoevolve.evaluate import gate, held_out
+from autoevolve.evolve import EvolveResult, evolve, train_tasks
+from autoevolve.hcp import HCPConfig
+from autoevolve.model import base_model_id
+from autoevolve.policy import Policy
+from autoevolve.records import AdapterRecord, EvalReport, Selection
+from autoevolve.select import select, selected_trajectories
+from autoevolve.store import Store
+from autoevolve.workbench import Workbench
+
+
+@dataclass
+class Round:
+    """Everything one round shares: the config, the workbench, the original config and the live adapter."""
+
+    config: RunConfig
+    bench: Workbench
+    original: HCPConfig
+    base_adapter: AdapterRecord | None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def base_ref(self) -> str:
+        """Adapter name of A_r ('' when the bare base model serves the expert)."""
+        return self.base_adapter.ref if self.base_adapter else ""
+
+    @property
+    def run_dir(self) -> Path:
+        """Folder of this run's report and adapters."""
+        return Path(self.config.run_dir) / str(self.config.run_id)
+
+
+def make_policy(config: RunConfig) -> Policy:
+    """The policy the config names."""
+    m = config.model
+    if m.backend == "openai":
+        from autoevolve.policy.openai import OpenAIPolicy
+
+        o = m.openai
+        return OpenAIPolicy(m.name, o.base_url, o.api_key_env, o.concurrency, o.timeout_s, o.max_retries)
+    from autoevolve.policy.local import LocalPolicy
+
+    return LocalPolicy(m.name, batch_size=m.batch_size)
+
+
+def open_round(config: RunConfig, policy: Policy | None = None, round: int = 0) -> Round:
+    """Open the store, build env and policy, and load the expert's live adapter (A_r) if there is one."""
+    store = Store(config.store)
+    store.put_run(str(config.run_id), json.loads(config.model_dump_json()))
+    env = make_env(config.env.name, seed=config.env.seed, tiers=tuple(config.env.tiers),
+                   n_train=config.env.n_train, n_dev=config.env.n_dev, n_test=config.env.n_test)
+    policy = policy or make_policy(config)
+    live = store.promoted_adapter(config.expert)
+    if live is not None:
+        policy.add_adapter(live.ref, live.path)
+    bench = Workbench(policy=policy, env=env, store=store, run_id=str(config.run_id), round=round, seed=config.seed)
+    return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live)
+
+
+def timed(r: Round, stage: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a stage function and record its wall-clock seconds."""
+    started = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        r.seconds[stage] = round(time.perf_counter() - started, 1)
+
+
+def stage_evolve(r: Round) -> EvolveResult:
+    """Stage 1: search HCP configs on train tasks around the frozen adapter A_r."""
+    e = r.config.evolve
+    tasks = train_tasks(r.bench.env, e.train_tasks, r.config.seed)
+    return evolve(r.bench, r.original, tasks=tasks, candidates=e.candidates, mutators=list(e.mutators),
+                  demo_pool=e.demo_pool, frozen=e.frozen, adapter=r.base_ref)
+
+
+def stage_select(r: Round, evolved: EvolveResult) -> Selection:
+    """Stage 2: pair evolved-config rollouts with the original's per train task; keep the wins."""
+    s = r.config.select
+    tasks = train_tasks(r.bench.env, s.train_tasks, r.config.seed + 1)
+    kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
+    order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
+    return select(r.bench, r.original, order, tasks, adapter=r.base_ref, margin=s.margin, min_reward=s.min_reward)
+
+
+def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tuple[AdapterRecord, TrainResult]:
+    """Stage 3: re-render the kept rollouts under the original config and LoRA-SFT the expert from A_r."""
+    trajs = selected_trajectories(r.bench, selection)
+    if not trajs:
+        raise ValueError("selection kept no trajectories: the evolved config beat the original on no train task")
+    tasks = {t.id: t for t in r.bench.env.tasks("train")}
+    examples = render_examples(trajs, tasks, r.original)
+    name, version = r.config.expert, r.bench.store.next_adapter_version(r.config.expert)
+    out = r.run_dir / "adapters" / f"{name}-v{version}"
+    init = r.base_adapter.path if r.base_adapter else None
+    result = train_sft(
+        examples, r.config.model.name, out, r.config.distill, init_adapter=init, tools=native_tools(r.original)
+    )
+    record = registry.register(
+        r.bench.store, name=name, path=result.path, base_model=base_model_id(r.config.model.name),
+        parent_version=r.base_adapter.version if r.base_adapter else None, run_id=r.bench.run_id,
+        round=r.bench.round, hcp_id=r.original.id, evolved_hcp_id=evolved.best.id, selection_id=selection.id,
+    )
+    r.bench.policy.add_adapter(record.ref, record.path)
+    return record, result
+
+
+def stage_gate(r: Round, record: AdapterRecord) -> tuple[EvalReport, AdapterRecord]:
+    """Gate on dev: promote A_{r+1} only if it beats A_r under the original config; record why either way."""
+    dev = r.bench.env.tasks("dev")[: r.config.gate.dev_tasks]
+    report = gate(r.bench, r.original, r.base_ref, record.ref, dev, r.config.gate.min_gain)
+    return report, registry.decide(r.bench.store, record, report)
+
+
+def stage_report(r: Round, evolved: EvolveResult, record: AdapterRecord) -> EvalReport:
+    """The 2x2 on held-out test tasks (reported, never used to decide)."""
+    test = r.bench.env.tasks("test")[: r.config.gate.test_tasks]
+    return held_out(r.bench, r.original, evolved.best, r.base_ref, record.ref, test)
+
+
+def write_report(
+    r: Round,
+    evolved: EvolveResult,
+    selection: Selection,
+    record: AdapterRecord,
+    train: TrainResult,
+    dev: EvalReport,
+    test: EvalReport,
+) -> dict[str, Any]:
+    """Write report.json in the run folder and return it."""
+    c = test.cells
+    report = {
+        "run_id": r.bench.run_id,
+        "round": r.bench.round,
+        "eval": {
+            "base_original": c["base_original"].mean,
+            "base_evolved": c["base_evolved"].mean,
+            "adapter_original": c["adapter_original"].mean,
+            "adapter_evolved": c["adapter_evolved"].mean,
+            "n_tasks": c["base_original"].n,
+            "split": "test",
+        },
+        "gate": {"split": "dev", "decision": dev.decision, "reason": dev.reason,
+                 "cells": {k: v.mean for k, v in dev.cells.items()}, "n_tasks": dev.cells["base_original"].n},
+        "prompt_tokens": {"original": c["base_original"].prompt_tokens, "evolved": c["base_evolved"].prompt_tokens},
+        "hcp": {"original": r.original.id, "evolved": evolved.best.id},
+        "candidates": [{"hcp_id": x.hcp_id, "mutator": x.mutator, "status": x.status, "mean_reward": x.mean_reward,
+                        "note": x.note} for x in evolved.candidates],
+        "rollouts": r.bench.store.count_trajectories(r.bench.run_id),
+        "selected": len(selection.items),
+        "selection_id": selection.id,
+        "promoted": record.status == "promoted",
+        "adapter": record.ref,
+        "adapter_path": record.path,
+        "train": train.model_dump(),
+        "seconds": dict(r.seconds),
+    }
+    r.run_dir.mkdir(parents=True, exist_ok=True)
+    (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report

@@ -1,0 +1,47 @@
+"""Policies: chat completion with tools for a batch of requests, with the LoRA adapter chosen by name."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autoevolve.records import ToolCall
+
+
+class ChatRequest(BaseModel):
+    """One model call: rendered messages, native tools (or None), decoding knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = Field(default=96, gt=0)
+    seed: int = 0
+
+
+class Completion(BaseModel):
+    """What came back: text, native tool calls (if the backend parsed any), token counts, or an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    error: str = ""
+
+
+class Policy(Protocol):
+    """A model behind a chat API. Never raises for one request: a failed request is a Completion with error."""
+
+    def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
+        """Complete every request with the named adapter (None: the bare base model), in order."""
+        ...
+
+    def add_adapter(self, name: str, path: str) -> None:
+        """Make an adapter folder (PEFT format) available under a name."""
+        ...

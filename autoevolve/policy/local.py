@@ -1,0 +1,162 @@
+"""LocalPolicy: transformers + PEFT in this process, batched generation, many named LoRAs on one base."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from autoevolve import model as model_loader
+from autoevolve.policy import ChatRequest, Completion
+
+
+class LocalPolicy:
+    """Serves a base model and named LoRA adapters from one copy of the base weights."""
+
+    def __init__(self, model: str = model_loader.EMBEDDED, batch_size: int = 16, dtype: str = "auto") -> None:
+        self.model_name = model
+        self.base, self.tokenizer = model_loader.load(model, dtype)
+        self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
+        self.batch_size = batch_size
+        self.adapters: dict[str, str] = {}
+
+    @classmethod
+    def from_pretrained(cls, lm: Any, tokenizer: Any, batch_size: int = 16) -> LocalPolicy:
+        """Wrap an already loaded model (tests use a tiny random one)."""
+        self = cls.__new__(cls)
+        self.model_name, self.base, self.tokenizer, self.lm = lm.config.name_or_path, lm, tokenizer, lm
+        self.tokenizer.padding_side = "left"
+        self.batch_size, self.adapters = batch_size, {}
+        return self
+
+    def add_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter folder under a name (a name already loaded is replaced)."""
+        from peft import PeftModel
+
+        if self.lm is self.base:
+            self.lm = PeftModel.from_pretrained(self.base, path, adapter_name=name)
+        else:
+            if name in self.adapters:
+                self.lm.delete_adapter(name)
+            self.lm.load_adapter(path, adapter_name=name)
+        self.lm.eval()
+        self.adapters[name] = path
+
+    def prompt_tokens(self, request: ChatRequest) -> int:
+        """Tokens of a request's prompt under the chat template."""
+        return len(self._encode_text(request))
+
+    def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
+        """Complete requests in text-sorted batches; requests with equal decoding knobs share a batch."""
+        if adapter and adapter not in self.adapters:
+            return [Completion(error=f"adapter {adapter!r} is not loaded") for _ in requests]
+        texts = [self._template(r) for r in requests]
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, r in enumerate(requests):
+            groups[(r.temperature, r.top_p, r.max_new_tokens)].append(i)
+        out: list[Completion | None] = [None] * len(requests)
+        for (temperature, top_p, max_new), idx in groups.items():
+            # Sorting by text puts prompts that share demos side by side, so each batch shares a longer prefix.
+            idx.sort(key=lambda i: texts[i])
+            for start in range(0, len(idx), self.batch_size):
+                chunk = idx[start : start + self.batch_size]
+                seed = requests[chunk[0]].seed
+                results = self._batch([texts[i] for i in chunk], adapter, temperature, top_p, max_new, seed)
+                for i, result in zip(chunk, results):
+                    out[i] = result
+        return [c for c in out if c is not None]
+
+    def _template(self, request: ChatRequest) -> str:
+        """The prompt text under the model's chat template."""
+        return self.tokenizer.apply_chat_template(
+            request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
+        )
+
+    def _encode_text(self, request: ChatRequest) -> list[int]:
+        """Token ids of a request's prompt."""
+        return self.tokenizer(self._template(request), add_special_tokens=False)["input_ids"]
+
+    @torch.inference_mode()
+    def _batch(
+        self, texts: list[str], adapter: str | None, temperature: float, top_p: float, max_new: int, seed: int
+    ) -> list[Completion]:
+        """Generate for one batch; an exception fails the batch's requests, not the caller."""
+        started = time.perf_counter()
+        try:
+            ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            torch.manual_seed(seed)
+            kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self.tokenizer.pad_token_id}
+            if temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            with self._adapter(adapter):
+                new = self._generate_shared_prefix(ids, kwargs)
+        except Exception as exc:  # noqa: BLE001 - a broken batch becomes failed completions
+            return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
+        elapsed = time.perf_counter() - started
+        results = []
+        for row, prompt in zip(new.tolist(), ids):
+            n = next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))
+            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
+            results.append(Completion(text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed))
+        return results
+
+    def _generate_shared_prefix(self, ids: list[list[int]], kwargs: dict[str, Any]) -> torch.Tensor:
+        """Generate, computing the batch's common token prefix (system prompt, demos) once.
+
+        Prompts under one config share a long prefix; prefill dominates CPU time, so the prefix's KV cache is
+        computed for one row and repeated. Suffixes are left-padded after the prefix; the attention mask hides
+        the pads and positions follow the mask, so outputs equal those of plain padded generation.
+        """
+        device = self.base.device
+        shared = _common_prefix(ids)
+        shared = min(shared, min(len(x) for x in ids) - 1)  # every row keeps a token to feed
+        width = max(len(x) for x in ids) - shared
+        pad = self.tokenizer.pad_token_id
+        rows = [[pad] * (width - len(x) + shared) + x[shared:] for x in ids]
+        masks = [[0] * (width - len(x) + shared) + [1] * (len(x) - shared) for x in ids]
+        suffix = torch.tensor(rows, device=device)
+        suffix_mask = torch.tensor(masks, device=device)
+        if shared < 16:
+            out = self.lm.generate(input_ids=suffix, attention_mask=suffix_mask, **kwargs)
+            return out[:, suffix.shape[1] :]
+        prefix = torch.tensor([ids[0][:shared]], device=device)
+        cache = self.lm(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(len(ids))
+        input_ids = torch.cat([prefix.expand(len(ids), -1), suffix], dim=1)
+        mask = torch.cat([torch.ones_like(input_ids[:, :shared]), suffix_mask], dim=1)
+        out = self.lm.generate(input_ids=input_ids, attention_mask=mask, cache=cache, **kwargs)
+        return out[:, input_ids.shape[1] :]
+
+    @contextmanager
+    def _adapter(self, adapter: str | None) -> Iterator[None]:
+        """Activate a named adapter, or disable every adapter to serve the bare base."""
+        if self.lm is self.base:
+            yield
+        elif adapter is None:
+            with self.lm.disable_adapter():
+                yield
+        else:
+            self.lm.set_adapter(adapter)
+            yield
+
+    @property
+    def _stop_ids(self) -> set[int]:
+        """Token ids that end a completion."""
+        eos = self.base.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
+        return {i for i in ids if i is not None} | ({self.tokenizer.pad_token_id} - {None})
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    """Length of the token prefix every row shares."""
+    first, n = rows[0], min(len(r) for r in rows)
+    for i in range(n):
+        if any(r[i] != first[i] for r in rows):
+            return i
+    return n

@@ -1,0 +1,191 @@
+"""Records that flow between stages: tasks, chat messages, trajectories, candidates, selections, adapters.
+
+Every record is a pydantic model with ``schema_version`` so stored rows stay readable as the schema grows.
+Messages use the OpenAI chat wire format (tool-call ``arguments`` is a JSON string).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Split = Literal["train", "dev", "test"]
+
+
+class Record(BaseModel):
+    """Base for stored records: unknown keys are an error, and a version travels with each row."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+
+
+class ToolCall(BaseModel):
+    """One function call as the OpenAI API writes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(description="Call id, echoed by the tool message that answers it.")
+    type: Literal["function"] = "function"
+    function: dict[str, str] = Field(description="{'name': ..., 'arguments': JSON string}.")
+
+    @classmethod
+    def make(cls, call_id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
+        """Build a call from a name and an argument dict."""
+        return cls(id=call_id, function={"name": name, "arguments": json.dumps(arguments)})
+
+    @property
+    def name(self) -> str:
+        """The called function's name."""
+        return self.function["name"]
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        """The arguments decoded from their JSON string."""
+        return json.loads(self.function.get("arguments") or "{}")
+
+
+class Message(BaseModel):
+    """One chat message in canonical (harness-independent) form."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list, description="Calls the assistant made, if any.")
+    tool_call_id: str | None = Field(default=None, description="For role 'tool': the call answered.")
+
+
+class Task(Record):
+    """One environment instance."""
+
+    id: str = Field(description="Stable id, unique across splits.")
+    env: str = Field(description="Name of the environment that made it.")
+    split: Split
+    tier: int = Field(ge=1, description="Difficulty tier; 1 = one call with the arguments in the request.")
+    request: str = Field(description="The user's message that opens the episode.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="What the harness may show the model.")
+    goal: dict[str, Any] = Field(default_factory=dict, description="Hidden: what the scorer checks.")
+
+
+class Trajectory(Record):
+    """One rollout. Failures are data: a broken rollout has reward 0 and an error."""
+
+    run_id: str
+    task_id: str
+    split: Split
+    tier: int = 1
+    hcp_id: str = Field(description="Content hash of the HCP config that rendered the prompts.")
+    adapter: str = Field(default="", description="LoRA adapter name; '' is the bare base model.")
+    sample: int = Field(default=0, ge=0, description="Sample index when a task is rolled out several times.")
+    round: int = Field(default=0, ge=0)
+    stage: str = Field(default="evolve", description="Stage that produced it: evolve, select, gate, report.")
+    messages: list[Message] = Field(description="Canonical conversation: user request, assistant turns, tool results.")
+    reward: float = Field(ge=0.0, le=1.0)
+    feedback: str = Field(default="", description="One sentence per unmet goal condition.")
+    error: str = Field(default="", description="Why the rollout broke, '' if it did not.")
+    prompt_tokens: int = Field(default=0, ge=0, description="Prompt tokens of the first model call.")
+    completion_tokens: int = Field(default=0, ge=0, description="Generated tokens over all model calls.")
+    latency_s: float = Field(default=0.0, ge=0.0)
+
+    @property
+    def key(self) -> tuple[str, str, str, str, int]:
+        """Identity in the store: re-writing the same key changes nothing."""
+        return (self.run_id, self.hcp_id, self.adapter, self.task_id, self.sample)
+
+
+CandidateStatus = Literal["keep", "discard", "crash"]
+
+
+class Candidate(Record):
+    """An HCP config tried by the search."""
+
+    run_id: str
+    round: int = 0
+    hcp_id: str
+    parent_id: str | None = None
+    mutator: str = Field(default="seed", description="Mutator that made it; 'seed' for the original config.")
+    status: CandidateStatus
+    scores: dict[str, float] = Field(default_factory=dict, description="Mean reward per task id.")
+    mean_reward: float = 0.0
+    note: str = ""
+
+
+class SelectedTrajectory(Record):
+    """A kept evolved-config rollout and the baseline rollout it beat on the same task."""
+
+    task_id: str
+    hcp_id: str
+    adapter: str
+    sample: int
+    reward: float
+    baseline_hcp_id: str
+    baseline_sample: int
+    baseline_reward: float
+
+
+class Selection(Record):
+    """The trajectories kept for distillation in one round."""
+
+    id: str
+    run_id: str
+    round: int
+    baseline_hcp_id: str
+    evolved_hcp_id: str
+    adapter: str
+    items: list[SelectedTrajectory]
+
+
+AdapterStatus = Literal["candidate", "promoted", "rejected", "retired"]
+
+
+class AdapterRecord(Record):
+    """A registry row: one version of one LoRA expert, with its lineage."""
+
+    name: str = Field(description="Expert name, e.g. 'L1-life'.")
+    version: int = Field(ge=1)
+    tier: int = 1
+    routing_rule: str = ""
+    base_model: str
+    path: str = Field(description="Folder of the adapter in PEFT format.")
+    parent_version: int | None = None
+    run_id: str = ""
+    round: int = 0
+    hcp_id: str = Field(description="The original config the adapter was trained to serve.")
+    evolved_hcp_id: str = ""
+    selection_id: str = ""
+    eval: dict[str, Any] = Field(default_factory=dict)
+    status: AdapterStatus = "candidate"
+    reason: str = ""
+
+    @property
+    def ref(self) -> str:
+        """Name the policy loads it under, e.g. 'L1-life@v2'."""
+        return f"{self.name}@v{self.version}"
+
+
+class Cell(BaseModel):
+    """One cell of an evaluation table."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: str
+    hcp_id: str
+    mean: float
+    n: int
+    prompt_tokens: float = Field(default=0.0, description="Mean prompt tokens of the first model call.")
+
+
+class EvalReport(Record):
+    """The gate's decision and the held-out table."""
+
+    run_id: str
+    round: int
+    split: Split
+    cells: dict[str, Cell] = Field(description="Keys: base_original, base_evolved, adapter_original, adapter_evolved.")
+    decision: Literal["promote", "reject", "report"]
+    reason: str

@@ -1,0 +1,159 @@
+"""The rollout engine: run the tool loop for a batch of tasks under one HCP config and one adapter.
+
+All episodes advance in lock step so every model call of a step is one batched request. A failure of any kind
+(backend error, unparseable call, unknown tool, bad arguments, step limit) ends that episode with reward 0 and
+the reason; it never aborts the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autoevolve.envs import Environment, Episode
+from autoevolve.hcp import HCPConfig
+from autoevolve.policy import ChatRequest, Completion, Policy
+from autoevolve.records import Message, Task, ToolCall, Trajectory
+from autoevolve.toolcall import CallError, check_arguments, parse
+
+
+@dataclass
+class _Run:
+    """One episode in flight."""
+
+    task: Task
+    sample: int
+    episode: Episode
+    messages: list[Message]
+    error: str = ""
+    done: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+def rollout(
+    policy: Policy,
+    env: Environment,
+    hcp: HCPConfig,
+    tasks: list[Task],
+    *,
+    run_id: str,
+    adapter: str = "",
+    samples: int = 1,
+    stage: str = "evolve",
+    round: int = 0,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Trajectory]:
+    """Roll out every task ``samples`` times; returns one trajectory per (task, sample), in input order."""
+    runs = [
+        _Run(task=t, sample=s, episode=env.start(t), messages=[Message(role="user", content=t.request)])
+        for t in tasks
+        for s in range(samples)
+    ]
+    for step in range(hcp.scaffold.max_steps):
+        active = [r for r in runs if not r.done]
+        if not active:
+            break
+        requests = [_request(hcp, r, seed + step) for r in active]
+        completions = policy.generate(requests, adapter or None)
+        for r, completion in zip(active, completions):
+            _advance(r, completion, hcp)
+        if progress:
+            progress(sum(r.done for r in runs), len(runs))
+    for r in runs:
+        if not r.done:
+            r.error = f"step limit: no final reply after {hcp.scaffold.max_steps} model calls"
+    return [_finish(r, hcp, run_id, adapter, stage, round) for r in runs]
+
+
+def _request(hcp: HCPConfig, run: _Run, seed: int) -> ChatRequest:
+    """The next model call of an episode under the config."""
+    messages, tools = hcp.render(run.task, run.messages)
+    s = hcp.sampling
+    # Each sample of a task decodes with its own seed so samples differ when temperature > 0.
+    return ChatRequest(
+        messages=messages,
+        tools=tools,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        seed=seed * 1000 + run.sample,
+    )
+
+
+def _advance(run: _Run, completion: Completion, hcp: HCPConfig) -> None:
+    """Apply one model reply: run its tool call, or take it as the final answer, or record why it failed."""
+    run.steps += 1
+    run.prompt_tokens = run.prompt_tokens or completion.prompt_tokens
+    run.completion_tokens += completion.completion_tokens
+    run.latency_s += completion.latency_s
+    if completion.error:
+        run.error, run.done = f"backend error: {completion.error}", True
+        return
+    try:
+        call = _call_of(completion, hcp)
+        if call is None:
+            run.messages.append(Message(role="assistant", content=completion.text.strip()))
+            run.done = True
+            return
+        name, arguments = call
+        spec = next((t for t in hcp.tools if t["function"]["name"] == name), None)
+        if spec is None:
+            raise CallError(f"unknown tool {name!r} (known: {', '.join(hcp.tool_names)})")
+        arguments = check_arguments(spec, arguments)
+        tool_call = ToolCall.make(f"call_{run.steps}", name, arguments)
+        run.messages.append(Message(role="assistant", content="", tool_calls=[tool_call]))
+        result = run.episode.call(name, arguments)
+        run.messages.append(Message(role="tool", content=result, tool_call_id=tool_call.id))
+    except CallError as exc:
+        run.messages.append(Message(role="assistant", content=completion.text))
+        run.error, run.done = str(exc), True
+    except KeyError as exc:  # the environment does not know the tool
+        run.error, run.done = f"unknown tool: {exc}", True
+
+
+def _call_of(completion: Completion, hcp: HCPConfig) -> tuple[str, dict] | None:
+    """The tool call in a completion: a native one if the backend parsed it, else parsed from text."""
+    if completion.tool_calls:
+        call = completion.tool_calls[0]
+        try:
+            return call.name, call.arguments
+        except ValueError as exc:
+            raise CallError(f"arguments of {call.name!r} are not valid JSON: {exc}") from None
+    return parse(completion.text, hcp.tool_names)
+
+
+def _finish(run: _Run, hcp: HCPConfig, run_id: str, adapter: str, stage: str, round: int) -> Trajectory:
+    """Score an episode (0 with the reason when it failed) and make its trajectory."""
+    if run.error:
+        reward, feedback = 0.0, f"The rollout failed: {run.error}."
+    else:
+        reward, feedback = run.episode.score(run.messages)
+    return Trajectory(
+        run_id=run_id,
+        task_id=run.task.id,
+        split=run.task.split,
+        tier=run.task.tier,
+        hcp_id=hcp.id,
+        adapter=adapter,
+        sample=run.sample,
+        round=round,
+        stage=stage,
+        messages=run.messages,
+        reward=reward,
+        feedback=feedback,
+        error=run.error,
+        prompt_tokens=run.prompt_tokens,
+        completion_tokens=run.completion_tokens,
+        latency_s=round_latency(run.latency_s),
+    )
+
+
+def round_latency(seconds: float) -> float:
+    """Latency to the millisecond: stored rows stay readable."""
+    return float(f"{seconds:.3f}")

@@ -1,0 +1,130 @@
+"""Parse tool calls out of model text, generously, and check their arguments against the tool schema.
+
+Small models drift from any rigid format, so the parser takes the first JSON object in the text (with
+``name``/``tool``/``function`` and ``arguments``/``parameters``) or a Python-style call of a known tool.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from typing import Any
+
+
+class CallError(ValueError):
+    """A tool call that cannot be run: unparseable, unknown tool, or bad arguments."""
+
+
+def parse(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """The (name, arguments) of the first tool call in ``text``; None when the text is a plain reply."""
+    obj = _first_json_object(text)
+    if obj is not None:
+        return _from_json(obj)
+    if "{" in text and re.search(r'"(name|tool|function)"\s*:', text):
+        raise CallError(f"unparseable tool call: {_clip(text)}")
+    return _from_python(text, tool_names)
+
+
+def _first_json_object(text: str) -> dict[str, Any] | None:
+    """The first decodable JSON object in the text that names a tool."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", text):
+        try:
+            obj, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and any(k in obj for k in ("name", "tool", "function")):
+            return obj
+    return None
+
+
+def _from_json(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Read name and arguments from the usual JSON call shapes."""
+    name = obj.get("name") or obj.get("tool") or obj.get("function")
+    if isinstance(name, dict):  # {"function": {"name": ..., "arguments": ...}}
+        obj, name = name, name.get("name")
+    args = obj.get("arguments", obj.get("parameters", obj.get("args", {})))
+    if isinstance(args, str):  # the OpenAI wire format carries arguments as a JSON string
+        try:
+            args = json.loads(args or "{}")
+        except json.JSONDecodeError as exc:
+            raise CallError(f"arguments of {name!r} are not valid JSON: {exc}") from None
+    if not isinstance(name, str) or not isinstance(args, dict):
+        raise CallError(f"tool call needs a string name and an object of arguments, got {_clip(json.dumps(obj))}")
+    return name, args
+
+
+def _from_python(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]] | None:
+    """A call like ``book_table(restaurant_id="R-1", party_size=2)`` of a known tool, or None."""
+    for match in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", text):
+        if match.group(1) not in tool_names:
+            continue
+        end = _closing_paren(text, match.end() - 1)
+        if end is None:
+            raise CallError(f"unparseable tool call: {_clip(text[match.start():])}")
+        try:
+            call = ast.parse(text[match.start() : end + 1], mode="eval").body
+            assert isinstance(call, ast.Call) and not call.args
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+        except (SyntaxError, ValueError, AssertionError):
+            raise CallError(f"unparseable tool call: {_clip(text[match.start():end + 1])}") from None
+        return match.group(1), args
+    return None
+
+
+def _closing_paren(text: str, start: int) -> int | None:
+    """Index of the parenthesis closing the one at ``start``, skipping quoted strings."""
+    depth, quote = 0, None
+    for i in range(start, len(text)):
+        ch = text[i]
+        if quote:
+            quote = None if ch == quote and text[i - 1] != "\\" else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
+
+
+def check_arguments(spec: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """Validate arguments against a tool's JSON schema; integers written as digit strings are accepted."""
+    params = spec["function"].get("parameters", {})
+    props: dict[str, Any] = params.get("properties", {})
+    name = spec["function"]["name"]
+    missing = [p for p in params.get("required", []) if p not in args]
+    if missing:
+        raise CallError(f"{name}: missing required argument(s) {', '.join(missing)}")
+    unknown = [a for a in args if a not in props]
+    if unknown:
+        raise CallError(f"{name}: unknown argument(s) {', '.join(unknown)} (expected {', '.join(props)})")
+    clean = {}
+    for key, value in args.items():
+        kind = props[key].get("type", "string")
+        if kind == "integer" and isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        ok = isinstance(value, _JSON_TYPES.get(kind, (object,)))
+        if not ok or (kind in ("integer", "number") and isinstance(value, bool)):
+            raise CallError(f"{name}: argument {key} should be {kind}, got {value!r}")
+        clean[key] = value
+    return clean
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    """Shorten text for an error message."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

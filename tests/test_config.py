@@ -1,0 +1,71 @@
+"""Run configs: bad input fails before any work, with one line naming the field or file."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoevolve.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_quickstart_loads() -> None:
+    config = load_config(ROOT / "configs/quickstart.yaml")
+    assert config.run_id == "quickstart" and config.gate.test_tasks >= 64
+    assert config.original_hcp().tool_names[1] == "book_table"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (f"hcp: {ROOT}/prompts/life.yaml\nevolve:\n  candidatez: 3\n", "evolve.candidatez: unknown key"),
+        (f"hcp: {ROOT}/prompts/life.yaml\ngate:\n  dev_tasks: many\n", "gate.dev_tasks: Input should be a valid integer"),
+        ("hcp: prompts/nope.yaml\n", "hcp: file prompts/nope.yaml not found"),
+        ("evolve: {}\n", "hcp: required setting is missing"),
+        (f"hcp: {ROOT}/prompts/life.yaml\nmodel:\n  backend: tpu\n", "model.backend: Input should be 'local' or 'openai'"),
+    ],
+)
+def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(_write(tmp_path, text))
+
+
+def test_bad_hcp_file_names_that_file(tmp_path: Path) -> None:
+    hcp = tmp_path / "h.yaml"
+    hcp.write_text((ROOT / "prompts/life.yaml").read_text().replace("tool_format:", "tool_fromat:"))
+    with pytest.raises(ConfigError, match=r"h\.yaml: tool_fromat: unknown key"):
+        load_config(_write(tmp_path, f"hcp: {hcp}\n"))
+
+
+def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    path = _write(tmp_path, f"hcp: {ROOT}/prompts/life.yaml\nselect:\n  margn: 0.1\n")
+    done = subprocess.run([sys.executable, "-m", "autoevolve.cli", "run", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"autoevolve: config error: {path}: select.margn: unknown key "
+                                                "(check the spelling; see the documented settings)"]
+    missing = subprocess.run([sys.executable, "-m", "autoevolve.cli", "run", "nope.yaml"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.yaml: config file not found" in missing.stderr
+
+
+def test_cli_help_lists_commands() -> None:
+    done = subprocess.run([sys.executable, "-m", "autoevolve.cli", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "run" in done.stdout and "check" in done.stdout
+    sub = subprocess.run([sys.executable, "-m", "autoevolve.cli", "run", "--help"], capture_output=True, text=True)
+    assert sub.returncode == 0 and "report.json" in sub.stdout
+
+
+def test_library_never_imports_prefect() -> None:
+    pattern = re.compile(r"^\s*(import prefect|from prefect)", re.M)
+    offenders = [p for p in (ROOT / "autoevolve").rglob("*.py") if pattern.search(p.read_text())]
+    assert offenders == []

@@ -1,0 +1,75 @@
+"""The rollout engine: tool loop, failures as data, store caching (tiny random model)."""
+
+from __future__ import annotations
+
+from autoevolve.envs.life import LifeEnv
+from autoevolve.hcp import HCPConfig
+from autoevolve.policy import ChatRequest, Completion
+from autoevolve.rollout import rollout
+from autoevolve.store import Store
+from autoevolve.workbench import Workbench
+
+
+class Scripted:
+    """A policy that replays fixed replies: the loop's logic tested without a model's whims."""
+
+    def __init__(self, replies: list[str], error: str = "") -> None:
+        self.replies, self.error, self.calls = replies, error, 0
+
+    def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
+        reply = self.replies[min(self.calls, len(self.replies) - 1)]
+        self.calls += 1
+        return [Completion(text=reply, error=self.error, prompt_tokens=10, completion_tokens=5) for _ in requests]
+
+    def add_adapter(self, name: str, path: str) -> None:
+        pass
+
+
+def _setup():
+    env = LifeEnv(tiers=(1,))
+    task = next(t for t in env.tasks("train") if t.goal["kind"] == "table")
+    return env, task, HCPConfig.from_yaml("prompts/life.yaml")
+
+
+def test_a_correct_call_then_a_reply_scores_one() -> None:
+    env, task, hcp = _setup()
+    g = task.goal
+    call = f'{{"name": "book_table", "arguments": {{"restaurant_id": "{g["restaurant_id"]}", ' \
+           f'"party_size": {g["party_size"]}, "time": "{g["time"]}"}}}}'
+    [traj] = rollout(Scripted([call, "Booked!"]), env, hcp, [task], run_id="r")
+    assert traj.reward == 1.0 and traj.error == "" and traj.feedback == ""
+    assert [m.role for m in traj.messages] == ["user", "assistant", "tool", "assistant"]
+    assert traj.messages[1].tool_calls[0].arguments["party_size"] == g["party_size"]
+    assert traj.prompt_tokens == 10 and traj.completion_tokens == 10
+
+
+def test_failures_are_recorded_with_reward_zero() -> None:
+    env, task, hcp = _setup()
+    cases = {
+        '{"name": "teleport", "arguments": {}}': "unknown tool 'teleport'",
+        '{"name": "book_table", "arguments": {"party_size": 2}}': "missing required argument",
+        '{"name": "book_table", "arguments": {': "unparseable tool call",
+    }
+    for reply, why in cases.items():
+        [traj] = rollout(Scripted([reply]), env, hcp, [task], run_id="r")
+        assert traj.reward == 0.0 and why in traj.error and why in traj.feedback
+    [traj] = rollout(Scripted(["x"], error="connection reset"), env, hcp, [task], run_id="r")
+    assert traj.reward == 0.0 and traj.error == "backend error: connection reset"
+    search = '{"name": "search_restaurants", "arguments": {"city": "Lisbon"}}'
+    [traj] = rollout(Scripted([search]), env, hcp, [task], run_id="r")
+    assert traj.reward == 0.0 and traj.error.startswith("step limit") and len(traj.messages) == 1 + 2 * 4
+
+
+def test_garbage_model_yields_stored_zero_reward_trajectories(tiny_policy, tmp_path) -> None:
+    env, _, hcp = _setup()
+    hcp = hcp.model_copy(update={"sampling": hcp.sampling.model_copy(update={"max_new_tokens": 16})})
+    tasks = env.tasks("train")[:6]
+    with Store(tmp_path / "s.duckdb") as store:
+        bench = Workbench(tiny_policy, env, store, run_id="garbage", progress=None)
+        trajs = bench.rollouts(hcp, tasks)
+        assert len(trajs) == 6 and all(t.reward == 0.0 for t in trajs)
+        assert all(t.feedback for t in trajs)  # each says why: an error or the unmet conditions
+        assert store.count_trajectories("garbage") == 6
+        again = bench.rollouts(hcp, tasks)  # read back, not regenerated
+        assert [t.messages for t in again] == [t.messages for t in trajs]
+        assert store.count_trajectories("garbage") == 6
