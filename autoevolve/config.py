@@ -27,7 +27,9 @@ class EnvSettings(Section):
 
     name: Literal["life"] = "life"
     seed: int = Field(default=0, description="World and task generation seed.")
-    tiers: list[int] = Field(default=[1, 2, 3], description="Task tiers to use (1: one call, 2: search+act, 3: choose).")
+    tiers: list[int] = Field(
+        default=[1, 2, 3], description="Task tiers to use (1: one call, 2: search+act, 3: choose)."
+    )
     n_train: int = Field(default=256, gt=0)
     n_dev: int = Field(default=64, gt=0)
     n_test: int = Field(default=96, gt=0)
@@ -48,7 +50,7 @@ class ModelSettings(Section):
 
     name: str = Field(default="smollm2-135m-instruct", description="Embedded default, an HF model id, or a path.")
     backend: Literal["local", "openai"] = "local"
-    batch_size: int = Field(default=32, gt=0, description="Requests per generate call (local backend).")
+    batch_size: int = Field(default=64, gt=0, description="Requests per generate call (local backend).")
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
 

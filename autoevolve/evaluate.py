@@ -55,7 +55,9 @@ def gate(
         f"{gain:+.3f} vs {base or 'base'} + original ({table['base_original'].mean:.3f}); "
         f"it {words} the required gain of more than {min_gain:.3f}"
     )
-    report = EvalReport(run_id=bench.run_id, round=bench.round, split="dev", cells=table, decision=verdict, reason=reason)
+    report = EvalReport(
+        run_id=bench.run_id, round=bench.round, split="dev", cells=table, decision=verdict, reason=reason
+    )
     bench.store.put_evaluation(report)
     return report
 
@@ -67,7 +69,11 @@ def held_out(
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
     table = cells(bench, test_tasks, configs, adapters, CELLS, "report")
     report = EvalReport(
-        run_id=bench.run_id, round=bench.round, split="test", cells=table, decision="report",
+        run_id=bench.run_id,
+        round=bench.round,
+        split="test",
+        cells=table,
+        decision="report",
         reason=f"held-out table on {len(test_tasks)} test tasks; it decides nothing",
     )
     bench.store.put_evaluation(report)

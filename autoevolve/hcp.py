@@ -174,7 +174,10 @@ class HCPConfig(Strict):
             if self.tool_format == "native":
                 calls = [c.model_dump() for c in message.tool_calls]
                 return {"role": "assistant", "content": message.content, "tool_calls": calls}
-            return {"role": "assistant", "content": "\n".join(format_call(c, self.call_syntax) for c in message.tool_calls)}
+            return {
+                "role": "assistant",
+                "content": "\n".join(format_call(c, self.call_syntax) for c in message.tool_calls),
+            }
         return {"role": message.role, "content": message.content}
 
     @classmethod
@@ -213,8 +216,11 @@ def render_tools(tools: list[dict[str, Any]], tool_format: ToolFormat) -> str:
         props = fn.get("parameters", {}).get("properties", {})
         required = set(fn.get("parameters", {}).get("required", []))
         if tool_format == "python":
-            args = ", ".join(f"{p}: {_PY_TYPES.get(s.get('type'), 'str')}{'' if p in required else ' = None'}" for p, s in props.items())
-            lines.append(f"def {fn['name']}({args}):\n    \"\"\"{fn.get('description', '')}\"\"\"")
+            args = ", ".join(
+                f"{p}: {_PY_TYPES.get(s.get('type'), 'str')}{'' if p in required else ' = None'}"
+                for p, s in props.items()
+            )
+            lines.append(f'def {fn["name"]}({args}):\n    """{fn.get("description", "")}"""')
         else:
             args = ", ".join(p if p in required else f"{p}?" for p in props)
             lines.append(f"- {fn['name']}({args}): {fn.get('description', '')}")

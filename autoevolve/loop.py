@@ -61,12 +61,24 @@ def make_policy(config: RunConfig) -> Policy:
     return LocalPolicy(m.name, batch_size=m.batch_size)
 
 
-def open_round(config: RunConfig, policy: Policy | None = None, round: int = 0) -> Round:
-    """Open the store, build env and policy, and load the expert's live adapter (A_r) if there is one."""
+def open_round(config: RunConfig, policy: Policy | None = None, round: int | None = None) -> Round:
+    """Open the store, build env and policy, and load the expert's live adapter (A_r) if there is one.
+
+    Without an explicit ``round``, the round number is the count of adapters this run already trained, so
+    running the same config again starts the next round from the adapter the last one promoted.
+    """
     store = Store(config.store)
+    if round is None:
+        round = sum(a.run_id == config.run_id for a in store.adapters(config.expert))
     store.put_run(str(config.run_id), json.loads(config.model_dump_json()))
-    env = make_env(config.env.name, seed=config.env.seed, tiers=tuple(config.env.tiers),
-                   n_train=config.env.n_train, n_dev=config.env.n_dev, n_test=config.env.n_test)
+    env = make_env(
+        config.env.name,
+        seed=config.env.seed,
+        tiers=tuple(config.env.tiers),
+        n_train=config.env.n_train,
+        n_dev=config.env.n_dev,
+        n_test=config.env.n_test,
+    )
     policy = policy or make_policy(config)
     live = store.promoted_adapter(config.expert)
     if live is not None:
@@ -88,14 +100,22 @@ def stage_evolve(r: Round) -> EvolveResult:
     """Stage 1: search HCP configs on train tasks around the frozen adapter A_r."""
     e = r.config.evolve
     tasks = train_tasks(r.bench.env, e.train_tasks, r.config.seed)
-    return evolve(r.bench, r.original, tasks=tasks, candidates=e.candidates, mutators=list(e.mutators),
-                  demo_pool=e.demo_pool, frozen=e.frozen, adapter=r.base_ref)
+    return evolve(
+        r.bench,
+        r.original,
+        tasks=tasks,
+        candidates=e.candidates,
+        mutators=list(e.mutators),
+        demo_pool=e.demo_pool,
+        frozen=e.frozen,
+        adapter=r.base_ref,
+    )
 
 
 def stage_select(r: Round, evolved: EvolveResult) -> Selection:
     """Stage 2: pair evolved-config rollouts with the original's per train task; keep the wins."""
     s = r.config.select
-    tasks = train_tasks(r.bench.env, s.train_tasks, r.config.seed + 1)
+    tasks = train_tasks(r.bench.env, s.train_tasks, r.config.seed)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
     return select(r.bench, r.original, order, tasks, adapter=r.base_ref, margin=s.margin, min_reward=s.min_reward)
@@ -115,9 +135,16 @@ def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tupl
         examples, r.config.model.name, out, r.config.distill, init_adapter=init, tools=native_tools(r.original)
     )
     record = registry.register(
-        r.bench.store, name=name, path=result.path, base_model=base_model_id(r.config.model.name),
-        parent_version=r.base_adapter.version if r.base_adapter else None, run_id=r.bench.run_id,
-        round=r.bench.round, hcp_id=r.original.id, evolved_hcp_id=evolved.best.id, selection_id=selection.id,
+        r.bench.store,
+        name=name,
+        path=result.path,
+        base_model=base_model_id(r.config.model.name),
+        parent_version=r.base_adapter.version if r.base_adapter else None,
+        run_id=r.bench.run_id,
+        round=r.bench.round,
+        hcp_id=r.original.id,
+        evolved_hcp_id=evolved.best.id,
+        selection_id=selection.id,
     )
     r.bench.policy.add_adapter(record.ref, record.path)
     return record, result
@@ -158,12 +185,19 @@ def write_report(
             "n_tasks": c["base_original"].n,
             "split": "test",
         },
-        "gate": {"split": "dev", "decision": dev.decision, "reason": dev.reason,
-                 "cells": {k: v.mean for k, v in dev.cells.items()}, "n_tasks": dev.cells["base_original"].n},
+        "gate": {
+            "split": "dev",
+            "decision": dev.decision,
+            "reason": dev.reason,
+            "cells": {k: v.mean for k, v in dev.cells.items()},
+            "n_tasks": dev.cells["base_original"].n,
+        },
         "prompt_tokens": {"original": c["base_original"].prompt_tokens, "evolved": c["base_evolved"].prompt_tokens},
         "hcp": {"original": r.original.id, "evolved": evolved.best.id},
-        "candidates": [{"hcp_id": x.hcp_id, "mutator": x.mutator, "status": x.status, "mean_reward": x.mean_reward,
-                        "note": x.note} for x in evolved.candidates],
+        "candidates": [
+            {"hcp_id": x.hcp_id, "mutator": x.mutator, "status": x.status, "mean_reward": x.mean_reward, "note": x.note}
+            for x in evolved.candidates
+        ],
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id),
         "selected": len(selection.items),
         "selection_id": selection.id,

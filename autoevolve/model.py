@@ -17,7 +17,10 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def cache_dir() -> Path:
     """Where dequantised models are cached (``AUTOEVOLVE_CACHE`` or ``~/.cache/autoevolve``)."""
-    root = os.environ.get("AUTOEVOLVE_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autoevolve"
+    root = (
+        os.environ.get("AUTOEVOLVE_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "autoevolve"
+    )
     return Path(root)
 
 

@@ -25,8 +25,15 @@ def register(
     """Record a freshly trained adapter as the expert's next version, status 'candidate'."""
     check_adapter_folder(Path(path), base_model)
     record = AdapterRecord(
-        name=name, version=store.next_adapter_version(name), base_model=base_model, path=str(path),
-        parent_version=parent_version, run_id=run_id, round=round, hcp_id=hcp_id, evolved_hcp_id=evolved_hcp_id,
+        name=name,
+        version=store.next_adapter_version(name),
+        base_model=base_model,
+        path=str(path),
+        parent_version=parent_version,
+        run_id=run_id,
+        round=round,
+        hcp_id=hcp_id,
+        evolved_hcp_id=evolved_hcp_id,
         selection_id=selection_id,
     )
     store.put_adapter(record)
@@ -35,7 +42,11 @@ def register(
 
 def decide(store: Store, record: AdapterRecord, report: EvalReport) -> AdapterRecord:
     """Apply the gate's decision: promote (retiring the live version) or reject, with the reason and eval."""
-    summary = {"decision": report.decision, "reason": report.reason, "cells": {k: c.mean for k, c in report.cells.items()}}
+    summary = {
+        "decision": report.decision,
+        "reason": report.reason,
+        "cells": {k: c.mean for k, c in report.cells.items()},
+    }
     if report.decision != "promote":
         rejected = record.model_copy(update={"status": "rejected", "reason": report.reason, "eval": summary})
         store.put_adapter(rejected)

@@ -61,7 +61,7 @@ def rollout(
             break
         requests = [_request(hcp, r, seed + step) for r in active]
         completions = policy.generate(requests, adapter or None)
-        for r, completion in zip(active, completions):
+        for r, completion in zip(active, completions, strict=True):
             _advance(r, completion, hcp)
         if progress:
             progress(sum(r.done for r in runs), len(runs))

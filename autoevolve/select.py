@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import SelectedTrajectory, Selection, Task, Trajectory
@@ -33,7 +34,9 @@ def select(
     items = []
     for task_id, base in sorted(baseline.items()):
         wins = [
-            t for pool in pools for t in pool
+            t
+            for pool in pools
+            for t in pool
             if t.task_id == task_id and t.reward > base.reward + margin and t.reward >= min_reward
         ]
         if not wins:
@@ -41,14 +44,24 @@ def select(
         win = max(wins, key=lambda t: (t.reward, -len(t.messages)))  # first of equals: the best config's
         items.append(
             SelectedTrajectory(
-                task_id=task_id, hcp_id=win.hcp_id, adapter=win.adapter, sample=win.sample, reward=win.reward,
-                baseline_hcp_id=base.hcp_id, baseline_sample=base.sample, baseline_reward=base.reward,
+                task_id=task_id,
+                hcp_id=win.hcp_id,
+                adapter=win.adapter,
+                sample=win.sample,
+                reward=win.reward,
+                baseline_hcp_id=base.hcp_id,
+                baseline_sample=base.sample,
+                baseline_reward=base.reward,
             )
         )
     selection = Selection(
-        id=_selection_id(bench.run_id, bench.round, original.id, evolved[0].id),
-        run_id=bench.run_id, round=bench.round, baseline_hcp_id=original.id, evolved_hcp_id=evolved[0].id,
-        adapter=adapter, items=items,
+        id=_selection_id(bench.run_id, bench.round, items),
+        run_id=bench.run_id,
+        round=bench.round,
+        baseline_hcp_id=original.id,
+        evolved_hcp_id=evolved[0].id,
+        adapter=adapter,
+        items=items,
     )
     bench.store.put_selection(selection)
     return selection
@@ -73,6 +86,7 @@ def _by_task(trajs: list[Trajectory]) -> dict[str, Trajectory]:
     return out
 
 
-def _selection_id(run_id: str, round: int, baseline: str, evolved: str) -> str:
-    """A stable id: the same run, round and configs give the same selection id."""
-    return "sel-" + hashlib.sha256(f"{run_id}/{round}/{baseline}/{evolved}".encode()).hexdigest()[:12]
+def _selection_id(run_id: str, round: int, items: list[SelectedTrajectory]) -> str:
+    """A content id: the same run, round and kept rollouts give the same selection id."""
+    body = json.dumps([run_id, round, [i.model_dump() for i in items]], sort_keys=True)
+    return "sel-" + hashlib.sha256(body.encode()).hexdigest()[:12]

@@ -62,13 +62,13 @@ def _from_python(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]]
             continue
         end = _closing_paren(text, match.end() - 1)
         if end is None:
-            raise CallError(f"unparseable tool call: {_clip(text[match.start():])}")
+            raise CallError(f"unparseable tool call: {_clip(text[match.start() :])}")
         try:
             call = ast.parse(text[match.start() : end + 1], mode="eval").body
             assert isinstance(call, ast.Call) and not call.args
             args = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
         except (SyntaxError, ValueError, AssertionError):
-            raise CallError(f"unparseable tool call: {_clip(text[match.start():end + 1])}") from None
+            raise CallError(f"unparseable tool call: {_clip(text[match.start() : end + 1])}") from None
         return match.group(1), args
     return None
 

@@ -46,15 +46,25 @@ class Workbench:
         self.store.put_hcp(hcp.id, hcp.name, hcp.model_dump(mode="json"))
         stored = {
             (t.task_id, t.sample): t
-            for t in self.store.trajectories(self.run_id, hcp_id=hcp.id, adapter=adapter, task_ids=[t.id for t in tasks])
+            for t in self.store.trajectories(
+                self.run_id, hcp_id=hcp.id, adapter=adapter, task_ids=[t.id for t in tasks]
+            )
         }
         todo = [t for t in tasks if any((t.id, s) not in stored for s in range(samples))]
         label = f"{stage} {hcp.id}{'+' + adapter if adapter else ''}"
         for start in range(0, len(todo), self.chunk):
             batch = todo[start : start + self.chunk]
             made = rollout(
-                self.policy, self.env, hcp, batch, run_id=self.run_id, adapter=adapter, samples=samples,
-                stage=stage, round=self.round, seed=self.seed,
+                self.policy,
+                self.env,
+                hcp,
+                batch,
+                run_id=self.run_id,
+                adapter=adapter,
+                samples=samples,
+                stage=stage,
+                round=self.round,
+                seed=self.seed,
             )
             self.store.put_trajectories(made)  # written per chunk: a crash loses at most one chunk
             stored.update({(t.task_id, t.sample): t for t in made})

@@ -56,8 +56,10 @@ def ingest(n_bulk: int, n_rows: int) -> list[tuple[str, float, float]]:
     """Trajectories/s through the bulk path and through one INSERT per row."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, n, method in (("bulk (Arrow)", n_bulk, "put_trajectories"),
-                                 ("row inserts", n_rows, "put_trajectories_rowwise")):
+        for label, n, method in (
+            ("bulk (Arrow)", n_bulk, "put_trajectories"),
+            ("row inserts", n_rows, "put_trajectories_rowwise"),
+        ):
             trajs = synthetic(n)
             with Store(Path(tmp) / f"{method}.duckdb") as store:
                 started = time.perf_counter()

@@ -50,7 +50,7 @@ def report_stage(r: loop.Round, evolved, record):
 
 
 @flow(name="autoevolve-round")
-def round_flow(config: RunConfig, round: int = 0) -> dict[str, Any]:
+def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
     """One round: evolve -> select -> distil -> gate -> report."""
     r = loop.open_round(config, round=round)
     try:

@@ -28,9 +28,16 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        vocab_size=len(tokenizer), max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
     )
     path = tmp_path_factory.mktemp("tiny")
     LlamaForCausalLM(config).save_pretrained(path)

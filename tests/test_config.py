@@ -30,10 +30,16 @@ def test_quickstart_loads() -> None:
     ("text", "message"),
     [
         (f"hcp: {ROOT}/prompts/life.yaml\nevolve:\n  candidatez: 3\n", "evolve.candidatez: unknown key"),
-        (f"hcp: {ROOT}/prompts/life.yaml\ngate:\n  dev_tasks: many\n", "gate.dev_tasks: Input should be a valid integer"),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ngate:\n  dev_tasks: many\n",
+            "gate.dev_tasks: Input should be a valid integer",
+        ),
         ("hcp: prompts/nope.yaml\n", "hcp: file prompts/nope.yaml not found"),
         ("evolve: {}\n", "hcp: required setting is missing"),
-        (f"hcp: {ROOT}/prompts/life.yaml\nmodel:\n  backend: tpu\n", "model.backend: Input should be 'local' or 'openai'"),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\nmodel:\n  backend: tpu\n",
+            "model.backend: Input should be 'local' or 'openai'",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> None:
@@ -52,10 +58,17 @@ def test_cli_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     path = _write(tmp_path, f"hcp: {ROOT}/prompts/life.yaml\nselect:\n  margn: 0.1\n")
     done = subprocess.run([sys.executable, "-m", "autoevolve.cli", "run", str(path)], capture_output=True, text=True)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"autoevolve: config error: {path}: select.margn: unknown key "
-                                                "(check the spelling; see the documented settings)"]
-    missing = subprocess.run([sys.executable, "-m", "autoevolve.cli", "run", "nope.yaml"], capture_output=True, text=True)
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.yaml: config file not found" in missing.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"autoevolve: config error: {path}: select.margn: unknown key (check the spelling; see the documented settings)"
+    ]
+    missing = subprocess.run(
+        [sys.executable, "-m", "autoevolve.cli", "run", "nope.yaml"], capture_output=True, text=True
+    )
+    assert (
+        missing.returncode == 2
+        and "Traceback" not in missing.stderr
+        and "nope.yaml: config file not found" in missing.stderr
+    )
 
 
 def test_cli_help_lists_commands() -> None:

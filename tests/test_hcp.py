@@ -52,11 +52,17 @@ def test_render_fills_tools_memory_and_request(env: LifeEnv, original: HCPConfig
 def test_render_writes_calls_in_the_call_syntax(env: LifeEnv, original: HCPConfig) -> None:
     task = env.tasks("train")[0]
     call = ToolCall.make("call_1", "book_table", {"restaurant_id": "R-101", "party_size": 2, "time": "19:00"})
-    history = [Message(role="user", content=task.request), Message(role="assistant", tool_calls=[call]),
-               Message(role="tool", content='{"ok": true}', tool_call_id="call_1")]
+    history = [
+        Message(role="user", content=task.request),
+        Message(role="assistant", tool_calls=[call]),
+        Message(role="tool", content='{"ok": true}', tool_call_id="call_1"),
+    ]
     as_json = original.render(task, history)[0]
     as_python = original.model_copy(update={"call_syntax": "python"}).render(task, history)[0]
-    assert as_json[2]["content"] == '{"name": "book_table", "arguments": {"restaurant_id": "R-101", "party_size": 2, "time": "19:00"}}'
+    assert (
+        as_json[2]["content"]
+        == '{"name": "book_table", "arguments": {"restaurant_id": "R-101", "party_size": 2, "time": "19:00"}}'
+    )
     assert as_python[2]["content"] == 'book_table(restaurant_id="R-101", party_size=2, time="19:00")'
     assert as_json[3] == {"role": "tool", "content": '{"ok": true}'}
     native = original.model_copy(update={"tool_format": "native"}).render(task, history)

@@ -34,8 +34,10 @@ def _setup():
 def test_a_correct_call_then_a_reply_scores_one() -> None:
     env, task, hcp = _setup()
     g = task.goal
-    call = f'{{"name": "book_table", "arguments": {{"restaurant_id": "{g["restaurant_id"]}", ' \
-           f'"party_size": {g["party_size"]}, "time": "{g["time"]}"}}}}'
+    call = (
+        f'{{"name": "book_table", "arguments": {{"restaurant_id": "{g["restaurant_id"]}", '
+        f'"party_size": {g["party_size"]}, "time": "{g["time"]}"}}}}'
+    )
     [traj] = rollout(Scripted([call, "Booked!"]), env, hcp, [task], run_id="r")
     assert traj.reward == 1.0 and traj.error == "" and traj.feedback == ""
     assert [m.role for m in traj.messages] == ["user", "assistant", "tool", "assistant"]

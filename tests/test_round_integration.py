@@ -60,5 +60,11 @@ def test_round_end_to_end(tmp_path: Path, prefect_harness, smol_policy, monkeypa
     assert saved["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     on_disk = json.loads((tmp_path / "runs" / "it-round" / "report.json").read_text())
     assert set(on_disk["eval"]) >= {"base_original", "base_evolved", "adapter_original", "adapter_evolved", "n_tasks"}
-    assert on_disk["eval"]["n_tasks"] == 8 and set(on_disk["seconds"]) == {"evolve", "select", "distill", "gate", "report"}
+    assert on_disk["eval"]["n_tasks"] == 8 and set(on_disk["seconds"]) == {
+        "evolve",
+        "select",
+        "distill",
+        "gate",
+        "report",
+    }
     assert resolve("smollm2-135m-instruct")  # the embedded model stayed cached

@@ -16,14 +16,19 @@ def test_first_json_object_in_text() -> None:
 
 
 def test_other_json_shapes() -> None:
-    assert parse('{"tool": "request_ride", "parameters": {"time": "08:00"}}', TOOLS) == ("request_ride", {"time": "08:00"})
+    assert parse('{"tool": "request_ride", "parameters": {"time": "08:00"}}', TOOLS) == (
+        "request_ride",
+        {"time": "08:00"},
+    )
     wire = '{"function": {"name": "book_table", "arguments": "{\\"party_size\\": 3}"}}'
     assert parse(wire, TOOLS) == ("book_table", {"party_size": 3})
 
 
 def test_python_call_of_a_known_tool() -> None:
     assert parse('book_table(restaurant_id="R-1", party_size=4)', TOOLS) == (
-        "book_table", {"restaurant_id": "R-1", "party_size": 4})
+        "book_table",
+        {"restaurant_id": "R-1", "party_size": 4},
+    )
     assert parse("Done (booking B-1).", TOOLS) is None  # a plain reply
 
 

@@ -26,9 +26,10 @@ class EvolveResult:
 
 
 def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
-    """A seeded subset of the train split (the same for the same seed)."""
-    pool = env.tasks("train")
-    return sorted(random.Random(seed).sample(pool, min(n, len(pool))), key=lambda t: t.id)
+    """The first n train tasks of a seeded shuffle: a smaller n gives a subset of a larger one's tasks."""
+    pool = list(env.tasks("train"))
+    random.Random(seed).shuffle(pool)
+    return sorted(pool[:n], key=lambda t: t.id)
 
 
 def evolve(
@@ -75,9 +76,7 @@ def evolve(
     return EvolveResult(configs[best.hcp_id], original, pool, configs, tasks)
 
 
-def _score(
-    bench: Workbench, hcp: HCPConfig, tasks: list[Task], adapter: str, evidence: Evidence
-) -> list[Trajectory]:
+def _score(bench: Workbench, hcp: HCPConfig, tasks: list[Task], adapter: str, evidence: Evidence) -> list[Trajectory]:
     """Roll a config out on the train tasks and add the rollouts to the evidence."""
     trajs = bench.rollouts(hcp, tasks, adapter=adapter, stage="evolve")
     evidence.trajectories.extend(trajs)
@@ -90,8 +89,14 @@ def _candidate(
     """Record a scored candidate in the store."""
     scores = {t.task_id: t.reward for t in trajs}
     c = Candidate(
-        run_id=bench.run_id, round=bench.round, hcp_id=hcp.id, parent_id=parent, mutator=mutator,
-        status=status, scores=scores, mean_reward=mean(list(scores.values())),
+        run_id=bench.run_id,
+        round=bench.round,
+        hcp_id=hcp.id,
+        parent_id=parent,
+        mutator=mutator,
+        status=status,
+        scores=scores,
+        mean_reward=mean(list(scores.values())),
     )
     bench.store.put_candidate(c)
     return c
@@ -100,8 +105,13 @@ def _candidate(
 def _crash(bench: Workbench, parent: HCPConfig, op: Mutator, why: str) -> Candidate:
     """Record a proposal that failed, with why."""
     c = Candidate(
-        run_id=bench.run_id, round=bench.round, hcp_id=f"crash-{op.name}-{parent.id}", parent_id=parent.id,
-        mutator=op.name, status="crash", note=why,
+        run_id=bench.run_id,
+        round=bench.round,
+        hcp_id=f"crash-{op.name}-{parent.id}",
+        parent_id=parent.id,
+        mutator=op.name,
+        status="crash",
+        note=why,
     )
     bench.store.put_candidate(c)
     return c

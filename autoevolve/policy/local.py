@@ -66,7 +66,7 @@ class LocalPolicy:
                 chunk = idx[start : start + self.batch_size]
                 seed = requests[chunk[0]].seed
                 results = self._batch([texts[i] for i in chunk], adapter, temperature, top_p, max_new, seed)
-                for i, result in zip(chunk, results):
+                for i, result in zip(chunk, results, strict=True):
                     out[i] = result
         return [c for c in out if c is not None]
 
@@ -100,7 +100,7 @@ class LocalPolicy:
             return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
         elapsed = time.perf_counter() - started
         results = []
-        for row, prompt in zip(new.tolist(), ids):
+        for row, prompt in zip(new.tolist(), ids, strict=True):
             n = next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
             results.append(Completion(text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed))

@@ -1,0 +1,48 @@
+"""LocalPolicy on a tiny random model: batching and prefix sharing change no output; adapters switch by name."""
+
+from __future__ import annotations
+
+import torch
+
+from autoevolve.envs.life import LifeEnv
+from autoevolve.hcp import HCPConfig
+from autoevolve.policy import ChatRequest
+from autoevolve.policy.local import LocalPolicy
+
+
+def _requests(n: int = 6, tokens: int = 12) -> list[ChatRequest]:
+    hcp = HCPConfig.from_yaml("prompts/life.yaml")
+    return [ChatRequest(messages=hcp.render(t)[0], max_new_tokens=tokens) for t in LifeEnv().tasks("dev")[:n]]
+
+
+def test_batched_equals_one_at_a_time(tiny_policy: LocalPolicy) -> None:
+    requests = _requests()
+    batched = tiny_policy.generate(requests)
+    tiny_policy.batch_size = 1
+    try:
+        single = tiny_policy.generate(requests)
+    finally:
+        tiny_policy.batch_size = 8
+    assert [c.text for c in batched] == [c.text for c in single]
+    assert all(c.completion_tokens == 12 and c.prompt_tokens > 100 for c in batched)
+    assert [c.prompt_tokens for c in batched] == [tiny_policy.prompt_tokens(r) for r in requests]
+
+
+def test_named_adapters_switch_and_none_is_the_base(tiny_model_dir, tmp_path) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import load
+
+    lm, _ = load(str(tiny_model_dir))
+    peft = get_peft_model(lm, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft.save_pretrained(tmp_path / "a")
+    policy = LocalPolicy(str(tiny_model_dir), batch_size=4)
+    requests = _requests(3, tokens=8)
+    base = [c.text for c in policy.generate(requests)]
+    policy.add_adapter("L1-life@v1", str(tmp_path / "a"))
+    with_adapter = [c.text for c in policy.generate(requests, "L1-life@v1")]
+    assert with_adapter != base
+    assert [c.text for c in policy.generate(requests, None)] == base
+    missing = policy.generate(requests[:1], "L9@v1")
+    assert missing[0].error == "adapter 'L9@v1' is not loaded"
+    assert isinstance(policy.base.model.layers[0].self_attn.q_proj.base_layer.weight, torch.Tensor)
