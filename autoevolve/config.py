@@ -62,6 +62,10 @@ class EvolveSettings(Section):
     mutators: list[Literal["demos", "tool_format"]] = Field(default=["demos", "tool_format"])
     demo_pool: int = Field(default=12, gt=0, description="Demos a bootstrapped demo set holds.")
     frozen: list[str] = Field(default_factory=list, description="HCP components no mutator may change.")
+    max_prompt_tokens: int | None = Field(
+        default=None, gt=0, description="Children whose mean first prompt is longer are discarded."
+    )
+    demo_k: list[int] = Field(default=[2, 3], description="Demos shown per task; a demo set draws one of these.")
 
 
 class SelectSettings(Section):

@@ -16,7 +16,7 @@ from autoevolve import registry
 from autoevolve.config import RunConfig
 from autoevolve.distill import TrainResult, native_tools, render_examples, train_sft
 from autoevolve.envs import make_env
-from autoevolve.evaluate import gate, held_out
+from autoevolve.evaluate import CELLS, gate, held_out
 from autoevolve.evolve import EvolveResult, evolve, train_tasks
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id
@@ -107,8 +107,10 @@ def stage_evolve(r: Round) -> EvolveResult:
         candidates=e.candidates,
         mutators=list(e.mutators),
         demo_pool=e.demo_pool,
+        demo_k=tuple(e.demo_k),
         frozen=e.frozen,
         adapter=r.base_ref,
+        max_prompt_tokens=e.max_prompt_tokens,
     )
 
 
@@ -167,32 +169,15 @@ def write_report(
     r: Round,
     evolved: EvolveResult,
     selection: Selection,
-    record: AdapterRecord,
-    train: TrainResult,
-    dev: EvalReport,
-    test: EvalReport,
+    record: AdapterRecord | None = None,
+    train: TrainResult | None = None,
+    dev: EvalReport | None = None,
+    test: EvalReport | None = None,
 ) -> dict[str, Any]:
-    """Write report.json in the run folder and return it."""
-    c = test.cells
-    report = {
+    """Write report.json in the run folder and return it; without an adapter, the round stopped after selection."""
+    report: dict[str, Any] = {
         "run_id": r.bench.run_id,
         "round": r.bench.round,
-        "eval": {
-            "base_original": c["base_original"].mean,
-            "base_evolved": c["base_evolved"].mean,
-            "adapter_original": c["adapter_original"].mean,
-            "adapter_evolved": c["adapter_evolved"].mean,
-            "n_tasks": c["base_original"].n,
-            "split": "test",
-        },
-        "gate": {
-            "split": "dev",
-            "decision": dev.decision,
-            "reason": dev.reason,
-            "cells": {k: v.mean for k, v in dev.cells.items()},
-            "n_tasks": dev.cells["base_original"].n,
-        },
-        "prompt_tokens": {"original": c["base_original"].prompt_tokens, "evolved": c["base_evolved"].prompt_tokens},
         "hcp": {"original": r.original.id, "evolved": evolved.best.id},
         "candidates": [
             {"hcp_id": x.hcp_id, "mutator": x.mutator, "status": x.status, "mean_reward": x.mean_reward, "note": x.note}
@@ -201,12 +186,26 @@ def write_report(
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id),
         "selected": len(selection.items),
         "selection_id": selection.id,
-        "promoted": record.status == "promoted",
-        "adapter": record.ref,
-        "adapter_path": record.path,
-        "train": train.model_dump(),
+        "promoted": bool(record and record.status == "promoted"),
+        "adapter": record.ref if record else None,
+        "adapter_path": record.path if record else None,
+        "train": train.model_dump() if train else None,
         "seconds": dict(r.seconds),
     }
+    if test is not None and dev is not None:
+        c = test.cells
+        report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
+        report["prompt_tokens"] = {
+            "original": c["base_original"].prompt_tokens,
+            "evolved": c["base_evolved"].prompt_tokens,
+        }
+        report["gate"] = {
+            "split": "dev",
+            "decision": dev.decision,
+            "reason": dev.reason,
+            "cells": {k: v.mean for k, v in dev.cells.items()},
+            "n_tasks": dev.cells["base_original"].n,
+        }
     r.run_dir.mkdir(parents=True, exist_ok=True)
     (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
     return report

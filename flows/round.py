@@ -56,6 +56,10 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
     try:
         evolved = evolve_stage(r)
         selection = select_stage(r, evolved)
+        if not selection.items:  # nothing to distil: say so in the report instead of training on nothing
+            report = loop.write_report(r, evolved, selection)
+            print(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
+            return report
         record, train = distill_stage(r, evolved, selection)
         dev, record = gate_stage(r, record)
         test = report_stage(r, evolved, record)

@@ -40,16 +40,19 @@ def evolve(
     candidates: int,
     mutators: list[str],
     demo_pool: int = 12,
+    demo_k: tuple[int, ...] = (2, 3),
     frozen: list[str] = (),
     adapter: str = "",
+    max_prompt_tokens: int | None = None,
 ) -> EvolveResult:
     """Greedy search from the original config: each child is built from the best config so far.
 
-    A child is kept when its mean train reward beats its parent's; a mutator that raises yields a crashed
+    A child is kept when its mean train reward beats the best so far and its mean prompt stays within
+    ``max_prompt_tokens`` (long prompts cost every later rollout); a mutator that raises yields a crashed
     candidate, recorded with the reason, never an aborted search.
     """
     rng = random.Random(bench.seed)
-    ops = make_mutators(mutators, demo_pool)
+    ops = make_mutators(mutators, demo_pool, demo_k)
     by_id = {t.id: t for t in tasks}
     evidence = Evidence(trajectories=[], tasks=by_id, reference=bench.env.reference)
     configs = {original.id: original}
@@ -69,8 +72,11 @@ def evolve(
             continue
         configs[child.id] = child.model_copy(update={"name": f"{original.name}+{op.name}{i + 1}"})
         trajs = _score(bench, configs[child.id], tasks, adapter, evidence)
-        status = "keep" if mean([t.reward for t in trajs]) > best.mean_reward else "discard"
-        pool.append(_candidate(bench, configs[child.id], parent.id, op.name, status, trajs))
+        tokens = mean([float(t.prompt_tokens) for t in trajs])
+        over = max_prompt_tokens is not None and tokens > max_prompt_tokens
+        status = "keep" if mean([t.reward for t in trajs]) > best.mean_reward and not over else "discard"
+        note = f"mean prompt of {tokens:.0f} tokens is over the budget of {max_prompt_tokens}" if over else ""
+        pool.append(_candidate(bench, configs[child.id], parent.id, op.name, status, trajs, note))
         if status == "keep":
             best = pool[-1]
     return EvolveResult(configs[best.hcp_id], original, pool, configs, tasks)
@@ -84,7 +90,13 @@ def _score(bench: Workbench, hcp: HCPConfig, tasks: list[Task], adapter: str, ev
 
 
 def _candidate(
-    bench: Workbench, hcp: HCPConfig, parent: str | None, mutator: str, status: str, trajs: list[Trajectory]
+    bench: Workbench,
+    hcp: HCPConfig,
+    parent: str | None,
+    mutator: str,
+    status: str,
+    trajs: list[Trajectory],
+    note: str = "",
 ) -> Candidate:
     """Record a scored candidate in the store."""
     scores = {t.task_id: t.reward for t in trajs}
@@ -97,6 +109,7 @@ def _candidate(
         status=status,
         scores=scores,
         mean_reward=mean(list(scores.values())),
+        note=note,
     )
     bench.store.put_candidate(c)
     return c

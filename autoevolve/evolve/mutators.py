@@ -44,7 +44,7 @@ class DemoBootstrap:
     name = "demos"
     component = "demos"
 
-    def __init__(self, pool: int = 12, ks: tuple[int, ...] = (1, 2, 3)) -> None:
+    def __init__(self, pool: int = 12, ks: tuple[int, ...] = (2, 3)) -> None:
         self.pool, self.ks = pool, ks
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
@@ -107,9 +107,9 @@ class ToolPresentation:
 MUTATORS: dict[str, Callable[..., Mutator]] = {"demos": DemoBootstrap, "tool_format": ToolPresentation}
 
 
-def make_mutators(names: list[str], demo_pool: int) -> list[Mutator]:
+def make_mutators(names: list[str], demo_pool: int, demo_k: tuple[int, ...] = (2, 3)) -> list[Mutator]:
     """Mutators by name, in the order given."""
-    return [DemoBootstrap(pool=demo_pool) if n == "demos" else MUTATORS[n]() for n in names]
+    return [DemoBootstrap(pool=demo_pool, ks=demo_k) if n == "demos" else MUTATORS[n]() for n in names]
 
 
 def keep_frozen(parent: HCPConfig, child: HCPConfig, frozen: list[str]) -> HCPConfig:

@@ -1,0 +1,31 @@
+"""The Prefect round flow on a tiny random model: every stage runs, and a round with nothing selected says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autoevolve.config import load_config
+from autoevolve.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
+    from flows.round import round_flow
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        f"run_id: tiny\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"
+        f"model: {{name: {tiny_model_dir}, batch_size: 8}}\nenv: {{tiers: [1], n_train: 16, n_dev: 4, n_test: 4}}\n"
+        "evolve: {train_tasks: 4, candidates: 1, mutators: [tool_format]}\nselect: {train_tasks: 4}\n"
+    )
+    report = round_flow(load_config(path))
+    assert report["selected"] == 0 and report["adapter"] is None and "eval" not in report
+    assert [c["mutator"] for c in report["candidates"]] == ["seed", "tool_format"]
+    assert set(report["seconds"]) == {"evolve", "select"}
+    on_disk = json.loads((tmp_path / "runs" / "tiny" / "report.json").read_text())
+    assert on_disk == report
+    with Store(tmp_path / "s.duckdb", read_only=True) as store:
+        assert store.count_trajectories("tiny") == report["rollouts"] == 4 * 2  # 2 configs x 4 tasks, reused
+        assert len(store.selections("tiny")) == 1 and store.adapters() == []
