@@ -66,6 +66,9 @@ class EvolveSettings(Section):
         default=None, gt=0, description="Children whose mean first prompt is longer are discarded."
     )
     demo_k: list[int] = Field(default=[2, 3], description="Demos shown per task; a demo set draws one of these.")
+    demo_styles: list[Literal["full", "first_call"]] = Field(
+        default=["full", "first_call"], description="How demos are shown; a demo set draws one of these."
+    )
 
 
 class SelectSettings(Section):

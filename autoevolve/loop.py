@@ -108,6 +108,7 @@ def stage_evolve(r: Round) -> EvolveResult:
         mutators=list(e.mutators),
         demo_pool=e.demo_pool,
         demo_k=tuple(e.demo_k),
+        demo_styles=tuple(e.demo_styles),
         frozen=e.frozen,
         adapter=r.base_ref,
         max_prompt_tokens=e.max_prompt_tokens,
@@ -131,7 +132,7 @@ def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tupl
     tasks = {t.id: t for t in r.bench.env.tasks("train")}
     examples = render_examples(trajs, tasks, r.original)
     name, version = r.config.expert, r.bench.store.next_adapter_version(r.config.expert)
-    out = r.run_dir / "adapters" / f"{name}-v{version}"
+    out = (r.run_dir / "adapters" / f"{name}-v{version}").resolve()  # the registry must not depend on cwd
     init = r.base_adapter.path if r.base_adapter else None
     result = train_sft(
         examples, r.config.model.name, out, r.config.distill, init_adapter=init, tools=native_tools(r.original)

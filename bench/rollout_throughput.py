@@ -1,6 +1,6 @@
 """Rollout throughput, side by side in one process: batched vs one-at-a-time generation, bulk vs row-wise ingest.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_throughput.py [--requests 32] [--tokens 48] [--repeats 3]
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_throughput.py [--requests 32] [--tokens 32] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main() -> None:
     """Print both tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bulk", type=int, default=100_000)
     parser.add_argument("--rows", type=int, default=2_000)

@@ -41,6 +41,7 @@ def evolve(
     mutators: list[str],
     demo_pool: int = 12,
     demo_k: tuple[int, ...] = (2, 3),
+    demo_styles: tuple[str, ...] = ("full", "first_call"),
     frozen: list[str] = (),
     adapter: str = "",
     max_prompt_tokens: int | None = None,
@@ -52,7 +53,7 @@ def evolve(
     candidate, recorded with the reason, never an aborted search.
     """
     rng = random.Random(bench.seed)
-    ops = make_mutators(mutators, demo_pool, demo_k)
+    ops = make_mutators(mutators, demo_pool, demo_k, demo_styles)
     by_id = {t.id: t for t in tasks}
     evidence = Evidence(trajectories=[], tasks=by_id, reference=bench.env.reference)
     configs = {original.id: original}

@@ -44,8 +44,10 @@ class DemoBootstrap:
     name = "demos"
     component = "demos"
 
-    def __init__(self, pool: int = 12, ks: tuple[int, ...] = (2, 3)) -> None:
-        self.pool, self.ks = pool, ks
+    def __init__(
+        self, pool: int = 12, ks: tuple[int, ...] = (2, 3), styles: tuple[str, ...] = ("full", "first_call")
+    ) -> None:
+        self.pool, self.ks, self.styles = pool, ks, styles
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a fresh demo set retrieved per task by similarity."""
@@ -63,7 +65,7 @@ class DemoBootstrap:
         if not chosen:
             raise ValueError("no successful train rollouts and no labelled solutions to take demos from")
         chosen.sort(key=lambda d: d.task_id)  # the order is fixed by content, not by draw order
-        demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=parent.demos.style)
+        demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=rng.choice(self.styles))
         return parent.model_copy(update={"demos": demos})
 
 
@@ -107,9 +109,15 @@ class ToolPresentation:
 MUTATORS: dict[str, Callable[..., Mutator]] = {"demos": DemoBootstrap, "tool_format": ToolPresentation}
 
 
-def make_mutators(names: list[str], demo_pool: int, demo_k: tuple[int, ...] = (2, 3)) -> list[Mutator]:
+def make_mutators(
+    names: list[str],
+    demo_pool: int,
+    demo_k: tuple[int, ...] = (2, 3),
+    demo_styles: tuple[str, ...] = ("full", "first_call"),
+) -> list[Mutator]:
     """Mutators by name, in the order given."""
-    return [DemoBootstrap(pool=demo_pool, ks=demo_k) if n == "demos" else MUTATORS[n]() for n in names]
+    demos = DemoBootstrap(pool=demo_pool, ks=demo_k, styles=demo_styles)
+    return [demos if n == "demos" else MUTATORS[n]() for n in names]
 
 
 def keep_frozen(parent: HCPConfig, child: HCPConfig, frozen: list[str]) -> HCPConfig:

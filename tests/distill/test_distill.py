@@ -12,7 +12,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
 
 from autoevolve.distill import SFTSettings, render_examples, train_sft  # noqa: E402
 from autoevolve.distill.dataset import build_dataset, tokenize_with_assistant_mask  # noqa: E402
@@ -51,30 +51,9 @@ def one_thread():  # noqa: ANN201
 
 
 @pytest.fixture(scope="module")
-def tokenizer():  # noqa: ANN201
-    """The real SmolLM2 tokenizer (chat template included), from the local cache."""
-    return AutoTokenizer.from_pretrained(resolve(EMBEDDED))
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory, tokenizer) -> str:  # noqa: ANN001
-    """A randomly initialised two-layer Llama with the real tokenizer, saved where train_sft can load it."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=len(tokenizer),
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    path = tmp_path_factory.mktemp("models") / "tiny"
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+def tiny(tiny_model_dir) -> str:  # noqa: ANN001
+    """The shared tiny random model (conftest), as the path train_sft loads."""
+    return str(tiny_model_dir)
 
 
 def _examples(n: int) -> list[list[dict]]:
