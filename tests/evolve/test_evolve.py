@@ -74,7 +74,16 @@ def test_search_records_every_candidate(env: LifeEnv, original: HCPConfig, tmp_p
     tasks = env.tasks("train")[:4]
     with Store(tmp_path / "s.duckdb") as store:
         bench = Workbench(Scripted(["I cannot help."]), env, store, run_id="r", progress=None)
-        result = evolve(bench, original, tasks=tasks, candidates=3, mutators=["demos", "tool_format"], demo_pool=4)
+        result = evolve(
+            bench,
+            original,
+            tasks=tasks,
+            candidates=3,
+            mutators=["demos", "tool_format"],
+            demo_pool=4,
+            demo_k=(2,),
+            demo_styles=("full",),
+        )
         ledger = store.candidates("r")
     assert [c.mutator for c in ledger] == ["seed", "demos", "tool_format", "demos"]
     assert ledger[0].status == "keep" and ledger[0].mean_reward == 0.0
