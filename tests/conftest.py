@@ -11,6 +11,22 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
+def env():
+    """The life environment with tier-1 tasks."""
+    from autoevolve.envs.life import LifeEnv
+
+    return LifeEnv(tiers=(1,))
+
+
+@pytest.fixture(scope="session")
+def original():
+    """The original HCP config of the life environment."""
+    from autoevolve.hcp import HCPConfig
+
+    return HCPConfig.from_yaml("prompts/life.yaml")
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     """The real SmolLM2 tokenizer (from the dequantised cache; built once per machine)."""
     from transformers import AutoTokenizer

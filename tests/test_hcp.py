@@ -10,16 +10,6 @@ from autoevolve.hcp import Demo, Demos, HCPConfig, diff, render_tools
 from autoevolve.records import Message, ToolCall
 
 
-@pytest.fixture(scope="module")
-def env() -> LifeEnv:
-    return LifeEnv(tiers=(1,))
-
-
-@pytest.fixture(scope="module")
-def original() -> HCPConfig:
-    return HCPConfig.from_yaml("prompts/life.yaml")
-
-
 def test_id_is_content_hash_and_ignores_name(original: HCPConfig) -> None:
     renamed = original.model_copy(update={"name": "other"})
     changed = original.model_copy(update={"routing": "Send code questions to L2-code."})

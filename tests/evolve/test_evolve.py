@@ -16,16 +16,6 @@ from autoevolve.workbench import Workbench
 from tests.test_rollout import Scripted
 
 
-@pytest.fixture(scope="module")
-def env() -> LifeEnv:
-    return LifeEnv(tiers=(1,))
-
-
-@pytest.fixture(scope="module")
-def original() -> HCPConfig:
-    return HCPConfig.from_yaml("prompts/life.yaml")
-
-
 def _evidence(env: LifeEnv, successes: int = 0) -> Evidence:
     tasks = env.tasks("train")[:20]
     trajs = [
