@@ -1,7 +1,8 @@
 """Run configs (YAML): which environment, model, backend, budgets and stage settings a run uses.
 
 Every section forbids unknown keys, so a typo fails before any work with the field's dotted name.
-Relative paths are resolved against the config file's folder's parent when they do not exist as given.
+The HCP file is looked up as given, then beside the config, then in the folder above it; store and run_dir
+are relative to the working directory.
 """
 
 from __future__ import annotations

@@ -7,9 +7,7 @@ the reason; it never aborts the batch.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from autoevolve.envs import Environment, Episode
 from autoevolve.hcp import HCPConfig
@@ -32,7 +30,6 @@ class _Run:
     completion_tokens: int = 0
     latency_s: float = 0.0
     steps: int = 0
-    started: float = field(default_factory=time.perf_counter)
 
 
 def rollout(
@@ -47,7 +44,6 @@ def rollout(
     stage: str = "evolve",
     round: int = 0,
     seed: int = 0,
-    progress: Callable[[int, int], None] | None = None,
 ) -> list[Trajectory]:
     """Roll out every task ``samples`` times; returns one trajectory per (task, sample), in input order."""
     runs = [
@@ -63,8 +59,6 @@ def rollout(
         completions = policy.generate(requests, adapter or None)
         for r, completion in zip(active, completions, strict=True):
             _advance(r, completion, hcp)
-        if progress:
-            progress(sum(r.done for r in runs), len(runs))
     for r in runs:
         if not r.done:
             r.error = f"step limit: no final reply after {hcp.scaffold.max_steps} model calls"

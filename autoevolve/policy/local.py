@@ -24,15 +24,6 @@ class LocalPolicy:
         self.batch_size = batch_size
         self.adapters: dict[str, str] = {}
 
-    @classmethod
-    def from_pretrained(cls, lm: Any, tokenizer: Any, batch_size: int = 16) -> LocalPolicy:
-        """Wrap an already loaded model (tests use a tiny random one)."""
-        self = cls.__new__(cls)
-        self.model_name, self.base, self.tokenizer, self.lm = lm.config.name_or_path, lm, tokenizer, lm
-        self.tokenizer.padding_side = "left"
-        self.batch_size, self.adapters = batch_size, {}
-        return self
-
     def add_adapter(self, name: str, path: str) -> None:
         """Load a PEFT adapter folder under a name (a name already loaded is replaced)."""
         from peft import PeftModel
