@@ -92,6 +92,7 @@ class Scaffold(Strict):
 
     max_steps: int = Field(default=4, gt=0, le=64, description="Model calls per episode before it is cut off.")
     tool_result_role: Literal["tool", "user"] = Field(default="tool", description="Role that carries tool results.")
+    plan_first: bool = Field(default=False, description="Ask for one 'Plan:' line before each tool call.")
 
 
 ToolFormat = Literal["native", "json", "python", "compact"]
@@ -126,6 +127,10 @@ class HCPConfig(Strict):
         """Names of the tools this config offers."""
         return [t["function"]["name"] for t in self.tools]
 
+    def tools_for(self, task: Task) -> list[dict[str, Any]]:
+        """The tools offered on a task: the config's, then the task's own (e.g. one function-calling question's)."""
+        return self.tools + task.tools if task.tools else self.tools
+
     def render(self, task: Task, history: list[Message] = ()) -> tuple[list[dict[str, Any]], list[dict] | None]:
         """The messages (OpenAI dicts) and native tool list the model sees for a task after ``history``.
 
@@ -138,13 +143,13 @@ class HCPConfig(Strict):
             shown = demo.messages[:2] if self.demos.style == "first_call" else demo.messages
             messages += [self._message(m, None) for m in shown]
         messages += [self._message(m, task if i == 0 else None) for i, m in enumerate(history)]
-        return messages, (self.tools if self.tool_format == "native" else None)
+        return messages, (self.tools_for(task) if self.tool_format == "native" else None)
 
     def _system(self, task: Task) -> str:
         """Fill the system prompt template."""
         filled = {
-            "{tools}": render_tools(self.tools, self.tool_format),
-            "{call_format}": "" if self.tool_format == "native" else CALL_FORMATS[self.call_syntax],
+            "{tools}": render_tools(self.tools_for(task), self.tool_format),
+            "{call_format}": self._call_format(),
             "{memory}": self._memory(task) if self.memory.position == "system" else "",
             "{routing}": self.routing,
         }
@@ -152,6 +157,11 @@ class HCPConfig(Strict):
         for key, value in filled.items():
             text = text.replace(key, value)
         return re.sub(r"\n{3,}", "\n\n", text).strip()  # empty placeholders leave no blank runs
+
+    def _call_format(self) -> str:
+        """How to write a call (text-rendered tools only), with the plan-first instruction when asked for."""
+        text = "" if self.tool_format == "native" else CALL_FORMATS[self.call_syntax]
+        return f"{text} {PLAN_FIRST}".strip() if self.scaffold.plan_first else text
 
     def _memory(self, task: Task) -> str:
         """Task metadata through the memory template; unknown fields are left empty."""
@@ -197,6 +207,7 @@ class _Blank(dict):
         return ""
 
 
+PLAN_FIRST = "Before each tool call, write one short line starting with 'Plan:' that says which tool and why."
 CALL_FORMATS = {
     "json": 'To use a tool, reply with only a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}.',
     "python": 'To use a tool, reply with only a call like tool_name(arg="value", number=2).',

@@ -70,6 +70,9 @@ class Task(Record):
     request: str = Field(description="The user's message that opens the episode.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="What the harness may show the model.")
     goal: dict[str, Any] = Field(default_factory=dict, description="Hidden: what the scorer checks.")
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list, description="Tools of this task alone (OpenAI schema), offered after the config's."
+    )
 
 
 class Trajectory(Record):
@@ -102,16 +105,22 @@ CandidateStatus = Literal["keep", "discard", "crash"]
 
 
 class Candidate(Record):
-    """An HCP config tried by the search."""
+    """An HCP config tried by the search, with its lineage and scores: one row of the search's ledger."""
 
     run_id: str
     round: int = 0
     hcp_id: str
-    parent_id: str | None = None
+    parents: list[str] = Field(default_factory=list, description="Parent HCP ids: none (seed), one, or two (merge).")
     mutator: str = Field(default="seed", description="Mutator that made it; 'seed' for the original config.")
+    components: list[str] = Field(default_factory=list, description="Components that differ from the first parent.")
+    diff: str = Field(default="", description="Per-component diff from the first parent (or the failed reply).")
     status: CandidateStatus
-    scores: dict[str, float] = Field(default_factory=dict, description="Mean reward per task id.")
-    mean_reward: float = 0.0
+    minibatch: dict[str, float] = Field(default_factory=dict, description="Train minibatch: mean reward per task.")
+    parent_minibatch: dict[str, float] = Field(default_factory=dict, description="The parent's, same tasks.")
+    scores: dict[str, float] = Field(default_factory=dict, description="Dev split: mean reward per task id.")
+    spreads: dict[str, float] = Field(default_factory=dict, description="Dev split: reward std over samples per task.")
+    mean_reward: float = Field(default=0.0, description="Mean of ``scores``: the candidate's dev score.")
+    rollouts_used: int = Field(default=0, ge=0, description="Rollouts the search had used when this row was written.")
     note: str = ""
 
 

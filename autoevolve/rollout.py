@@ -90,20 +90,22 @@ def _advance(run: _Run, completion: Completion, hcp: HCPConfig) -> None:
         run.error, run.done = f"backend error: {completion.error}", True
         return
     try:
-        call = _call_of(completion, hcp)
+        call = _call_of(completion, hcp, run)
         if call is None:
             run.messages.append(Message(role="assistant", content=completion.text.strip()))
             run.done = True
             return
         name, arguments = call
-        spec = next((t for t in hcp.tools if t["function"]["name"] == name), None)
+        tools = hcp.tools_for(run.task)
+        spec = next((t for t in tools if t["function"]["name"] == name), None)
         if spec is None:
-            raise CallError(f"unknown tool {name!r} (known: {', '.join(hcp.tool_names)})")
+            raise CallError(f"unknown tool {name!r} (known: {', '.join(_names(tools))})")
         arguments = check_arguments(spec, arguments)
         tool_call = ToolCall.make(f"call_{run.steps}", name, arguments)
         run.messages.append(Message(role="assistant", content="", tool_calls=[tool_call]))
         result = run.episode.call(name, arguments)
         run.messages.append(Message(role="tool", content=result, tool_call_id=tool_call.id))
+        run.done = run.episode.finished  # e.g. a function-calling question ends with its one call
     except CallError as exc:
         run.messages.append(Message(role="assistant", content=completion.text))
         run.error, run.done = str(exc), True
@@ -111,7 +113,7 @@ def _advance(run: _Run, completion: Completion, hcp: HCPConfig) -> None:
         run.error, run.done = f"unknown tool: {exc}", True
 
 
-def _call_of(completion: Completion, hcp: HCPConfig) -> tuple[str, dict] | None:
+def _call_of(completion: Completion, hcp: HCPConfig, run: _Run) -> tuple[str, dict] | None:
     """The tool call in a completion: a native one if the backend parsed it, else parsed from text."""
     if completion.tool_calls:
         call = completion.tool_calls[0]
@@ -119,7 +121,12 @@ def _call_of(completion: Completion, hcp: HCPConfig) -> tuple[str, dict] | None:
             return call.name, call.arguments
         except ValueError as exc:
             raise CallError(f"arguments of {call.name!r} are not valid JSON: {exc}") from None
-    return parse(completion.text, hcp.tool_names)
+    return parse(completion.text, _names(hcp.tools_for(run.task)))
+
+
+def _names(tools: list[dict]) -> list[str]:
+    """Function names of tool specs."""
+    return [t["function"]["name"] for t in tools]
 
 
 def _finish(run: _Run, hcp: HCPConfig, run_id: str, adapter: str, stage: str, round: int) -> Trajectory:

@@ -107,6 +107,21 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        4,
+        "candidate_lineage",
+        """
+        ALTER TABLE candidates ADD COLUMN parents VARCHAR NOT NULL DEFAULT '[]';  -- JSON list of HCP ids
+        UPDATE candidates SET parents = to_json([parent_id])::VARCHAR WHERE parent_id IS NOT NULL;
+        ALTER TABLE candidates DROP COLUMN parent_id;
+        ALTER TABLE candidates ADD COLUMN components VARCHAR NOT NULL DEFAULT '[]';  -- JSON list of names
+        ALTER TABLE candidates ADD COLUMN diff VARCHAR NOT NULL DEFAULT '';
+        ALTER TABLE candidates ADD COLUMN minibatch VARCHAR NOT NULL DEFAULT '{}';  -- JSON: task_id -> mean
+        ALTER TABLE candidates ADD COLUMN parent_minibatch VARCHAR NOT NULL DEFAULT '{}';
+        ALTER TABLE candidates ADD COLUMN spreads VARCHAR NOT NULL DEFAULT '{}';  -- JSON: task_id -> std
+        ALTER TABLE candidates ADD COLUMN rollouts_used BIGINT NOT NULL DEFAULT 0;
+        """,
+    ),
 ]
 
 LATEST_VERSION = max(v for v, _, _ in MIGRATIONS)
@@ -117,6 +132,7 @@ _MESSAGES = TypeAdapter(list[Message])
 TRAJ_KEY = ("run_id", "hcp_id", "adapter", "task_id", "sample")
 TRAJ_COLS = tuple(Trajectory.model_fields)
 CAND_COLS = tuple(Candidate.model_fields)
+_CAND_JSON = ("parents", "components", "minibatch", "parent_minibatch", "scores", "spreads")
 SEL_COLS = tuple(f for f in Selection.model_fields if f != "items")
 ITEM_COLS = tuple(SelectedTrajectory.model_fields)
 ADAPTER_COLS = tuple(AdapterRecord.model_fields)
@@ -403,7 +419,7 @@ class Store:
     def put_candidate(self, c: Candidate) -> None:
         """Insert a candidate, or replace status, scores and the rest of an existing (run, round, hcp) row."""
         self._write(
-            _upsert_sql("candidates", CAND_COLS, ("run_id", "round", "hcp_id")), _to_row(c, CAND_COLS, ("scores",))
+            _upsert_sql("candidates", CAND_COLS, ("run_id", "round", "hcp_id")), _to_row(c, CAND_COLS, _CAND_JSON)
         )
 
     def candidates(self, run_id: str, round: int | None = None) -> list[Candidate]:
@@ -414,7 +430,7 @@ class Store:
             sql += " AND round = ?"
             params.append(round)
         rows = self._all(sql + " ORDER BY seq", params)
-        return [_from_row(Candidate, CAND_COLS, r, ("scores",)) for r in rows]
+        return [_from_row(Candidate, CAND_COLS, r, _CAND_JSON) for r in rows]
 
     def put_selection(self, s: Selection) -> None:
         """Store a selection with its items; the first write of an id wins, so re-putting is a no-op."""

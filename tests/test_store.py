@@ -76,6 +76,22 @@ def test_migrations_recorded_and_not_reapplied(tmp_path: Path) -> None:
         assert n == len(MIGRATIONS)
 
 
+def test_lineage_migration_keeps_old_parents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "v3.duckdb"
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [m for m in MIGRATIONS if m[0] <= 3])
+    with Store(path) as s:
+        s.con.execute(
+            "INSERT INTO candidates (run_id, round, hcp_id, parent_id, mutator, status, scores, mean_reward, note,"
+            " schema_version) VALUES ('r', 0, 'h1', 'h0', 'demos', 'keep', '{\"t1\": 1.0}', 1.0, '', 1),"
+            " ('r', 0, 'h0', NULL, 'seed', 'keep', '{}', 0.0, '', 1)"
+        )
+    monkeypatch.undo()
+    with Store(path) as s:
+        assert s.schema_version() == 4
+        rows = {c.hcp_id: c for c in s.candidates("r")}
+    assert rows["h1"].parents == ["h0"] and rows["h0"].parents == [] and rows["h1"].scores == {"t1": 1.0}
+
+
 def test_newer_schema_refused(tmp_path: Path) -> None:
     path = tmp_path / "future.duckdb"
     Store(path).close()
@@ -220,15 +236,28 @@ def test_mean_rewards(store: Store) -> None:
 
 def test_candidate_upsert(store: Store) -> None:
     seed = Candidate(run_id="run1", hcp_id="h0", status="keep", scores={"t1": 0.5}, mean_reward=0.5)
-    child = Candidate(run_id="run1", round=1, hcp_id="h1", parent_id="h0", mutator="rewrite", status="crash", note="")
+    child = Candidate(
+        run_id="run1", round=1, hcp_id="h1", parents=["h0"], mutator="rewrite", status="crash", diff="not yaml"
+    )
     store.put_candidate(seed)
     store.put_candidate(child)
     assert store.candidates("run1") == [seed, child]
-    kept = child.model_copy(update={"status": "keep", "scores": {"t1": 1.0, "t2": 0.25}, "mean_reward": 0.625})
+    kept = child.model_copy(
+        update={
+            "status": "keep",
+            "components": ["system_prompt"],
+            "minibatch": {"t9": 1.0},
+            "parent_minibatch": {"t9": 0.0},
+            "scores": {"t1": 1.0, "t2": 0.25},
+            "spreads": {"t1": 0.0, "t2": 0.5},
+            "mean_reward": 0.625,
+            "rollouts_used": 40,
+        }
+    )
     store.put_candidate(kept)
     assert store.candidates("run1") == [seed, kept]
     assert store.candidates("run1", round=1) == [kept]
-    assert store.candidates("run1")[0].parent_id is None
+    assert store.candidates("run1")[0].parents == [] and store.candidates("run1")[1].spreads["t2"] == 0.5
     assert store.candidates("other") == []
 
 

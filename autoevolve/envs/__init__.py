@@ -10,6 +10,8 @@ from autoevolve.records import Message, Split, Task
 class Episode(Protocol):
     """One task in progress: a private copy of the world that tool calls act on."""
 
+    finished: bool  # True once the episode needs no further model call (checked after each tool call)
+
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         """Run a tool and return its result as text (JSON). Domain errors are results, not exceptions."""
         ...

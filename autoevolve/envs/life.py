@@ -341,6 +341,8 @@ def _checks(goal: dict[str, Any], bookings: list[dict[str, Any]], reply: str) ->
 class LifeEpisode:
     """One task in progress: a private booking desk over the shared world, and the fixed scorer."""
 
+    finished = False  # the model always gets to answer the user after a tool result
+
     def __init__(self, world: World, task: Task) -> None:
         self.task = task
         self.desk = Desk(world, today=str(task.metadata.get("today", TODAY.isoformat())))
