@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autoevolve.distill import SFTSettings
-from autoevolve.hcp import HCPConfig
+from autoevolve.hcp import COMPONENTS, HCPConfig
 
 
 class Section(BaseModel):
@@ -55,21 +55,68 @@ class ModelSettings(Section):
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
 
-class EvolveSettings(Section):
-    """Stage 1: prompt evolution on train tasks."""
+MutatorName = Literal["demos", "tool_format", "scaffold", "reflective", "merge"]
+Component = Literal["system_prompt", "tools", "routing", "memory", "sampling", "scaffold"]
 
-    train_tasks: int = Field(default=32, gt=0, description="Train tasks every candidate is scored on.")
-    candidates: int = Field(default=4, ge=0, description="Children proposed after the seed config.")
-    mutators: list[Literal["demos", "tool_format"]] = Field(default=["demos", "tool_format"])
-    demo_pool: int = Field(default=12, gt=0, description="Demos a bootstrapped demo set holds.")
-    frozen: list[str] = Field(default_factory=list, description="HCP components no mutator may change.")
-    max_prompt_tokens: int | None = Field(
-        default=None, gt=0, description="Children whose mean first prompt is longer are discarded."
+
+class BudgetSettings(Section):
+    """Stage 1 stops at the first limit spent (None: no limit), or after ``patience`` children in a row fail."""
+
+    rollouts: int | None = Field(
+        default=None, gt=0, description="Rollouts (task x sample x config); a step that could exceed it is not begun."
     )
+    generated_tokens: int | None = Field(default=None, gt=0, description="Tokens the policy generated in rollouts.")
+    optimiser_calls: int | None = Field(default=None, gt=0, description="Calls to the reflective optimiser LLM.")
+    seconds: float | None = Field(default=None, gt=0, description="Wall-clock seconds of the search.")
+    patience: int | None = Field(
+        default=None, gt=0, description="Stop after this many children in a row that do not raise the best dev score."
+    )
+
+
+class ReflectionSettings(Section):
+    """The optimiser LLM behind the reflective mutator: the policy itself, or any OpenAI-compatible endpoint."""
+
+    model: str = Field(default="policy", description="'policy': the model being evolved; else a served model name.")
+    base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint of ``model``; None: local.")
+    api_key_env: str = Field(default="OPENAI_API_KEY", description="Environment variable holding the key.")
+    components: list[Component] = Field(
+        default=["system_prompt", "tools"], description="Components it may rewrite; one is drawn per proposal."
+    )
+    examples: int = Field(default=4, gt=0, description="Minibatch trajectories shown per proposal (failures first).")
+    meta_prompts: Path = Field(default=Path("prompts/reflect.yaml"), description="YAML file of the meta-prompts.")
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+    max_new_tokens: int = Field(default=512, gt=0)
+
+
+class EvolveSettings(Section):
+    """Stage 1: a Pareto search over HCP configs; children are tried on a train minibatch, kept ones scored on dev."""
+
+    train_tasks: int = Field(default=32, gt=0, description="Train tasks minibatches are drawn from.")
+    minibatch: int = Field(default=8, gt=0, description="Train tasks a child must beat its parent on.")
+    dev_tasks: int = Field(default=24, gt=0, description="Dev tasks every kept candidate is scored on per task.")
+    samples: int = Field(default=1, gt=0, description="Rollouts per task (more where rewards are noisy).")
+    candidates: int = Field(default=4, ge=0, description="Children proposed at most after the seed config.")
+    mutators: list[MutatorName] = Field(default=["demos", "tool_format"], description="Used in turn, in this order.")
+    demo_pool: int = Field(default=12, gt=0, description="Demos a bootstrapped demo set holds.")
     demo_k: list[int] = Field(default=[2, 3], description="Demos shown per task; a demo set draws one of these.")
     demo_styles: list[Literal["full", "first_call"]] = Field(
         default=["full", "first_call"], description="How demos are shown; a demo set draws one of these."
     )
+    frozen: list[str] = Field(default_factory=list, description="HCP components no mutator may change.")
+    max_prompt_tokens: int | None = Field(
+        default=None, gt=0, description="Children whose mean first prompt is longer are discarded."
+    )
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    reflection: ReflectionSettings = Field(default_factory=ReflectionSettings)
+
+    @field_validator("frozen")
+    @classmethod
+    def _known_components(cls, value: list[str]) -> list[str]:
+        """Frozen names must be HCP components."""
+        unknown = [v for v in value if v not in COMPONENTS]
+        if unknown:
+            raise ValueError(f"unknown component {unknown[0]!r} (components: {', '.join(COMPONENTS)})")
+        return value
 
 
 class SelectSettings(Section):
@@ -129,6 +176,9 @@ def load_config(path: str | Path) -> RunConfig:
     except ValidationError as exc:
         raise ConfigError(f"{path}: {_first_error(exc)}") from None
     config.hcp = _existing(config.hcp, path, "hcp")
+    if "reflective" in config.evolve.mutators:
+        reflection = config.evolve.reflection
+        reflection.meta_prompts = _existing(reflection.meta_prompts, path, "evolve.reflection.meta_prompts")
     config.run_id = config.run_id or path.stem
     try:
         config.original_hcp()

@@ -56,6 +56,9 @@ class Demos(Strict):
     style: Literal["full", "first_call"] = Field(
         default="full", description="full: whole conversations; first_call: request and first reply only (shorter)."
     )
+    order: Literal["nearest_last", "nearest_first"] = Field(
+        default="nearest_last", description="With 'nearest': the most similar demo just before the request, or first."
+    )
 
     def for_task(self, task: Task) -> list[Demo]:
         """The demos to show before a task, never the task's own."""
@@ -64,7 +67,7 @@ class Demos(Strict):
             return pool
         words = _words(task.request)
         ranked = sorted(pool, key=lambda d: -len(words & _words(d.messages[0].content)))  # stable: ties keep order
-        return ranked[: self.k][::-1]  # the most similar demo last, nearest the request
+        return ranked[: self.k][::-1] if self.order == "nearest_last" else ranked[: self.k]
 
 
 def _words(text: str) -> set[str]:

@@ -17,7 +17,7 @@ from autoevolve.config import RunConfig
 from autoevolve.distill import TrainResult, native_tools, render_examples, train_sft
 from autoevolve.envs import make_env
 from autoevolve.evaluate import CELLS, gate, held_out
-from autoevolve.evolve import EvolveResult, evolve, train_tasks
+from autoevolve.evolve import EvolveResult, evolve, make_mutators, train_tasks
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import Policy
@@ -97,22 +97,28 @@ def timed(r: Round, stage: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def stage_evolve(r: Round) -> EvolveResult:
-    """Stage 1: search HCP configs on train tasks around the frozen adapter A_r."""
+    """Stage 1: search HCP configs (train minibatches, dev scores) around the frozen adapter A_r."""
     e = r.config.evolve
     tasks = train_tasks(r.bench.env, e.train_tasks, r.config.seed)
-    return evolve(
-        r.bench,
-        r.original,
-        tasks=tasks,
-        candidates=e.candidates,
-        mutators=list(e.mutators),
-        demo_pool=e.demo_pool,
-        demo_k=tuple(e.demo_k),
-        demo_styles=tuple(e.demo_styles),
-        frozen=e.frozen,
-        adapter=r.base_ref,
-        max_prompt_tokens=e.max_prompt_tokens,
-    )
+    dev = r.bench.env.tasks("dev")[: e.dev_tasks]
+    reflector = make_reflector(r) if "reflective" in e.mutators else None
+    own = e.reflection.model == "policy"  # the policy reflects with the adapter it serves; another model with none
+    ops = make_mutators(e, reflector, adapter=(r.base_ref or None) if own else None)
+    return evolve(r.bench, r.original, e, train=tasks, dev=dev, mutators=ops, adapter=r.base_ref)
+
+
+def make_reflector(r: Round) -> Policy:
+    """The optimiser LLM of the reflective mutator: a served model, or the round's own policy."""
+    s = r.config.evolve.reflection
+    if s.model == "policy":
+        return r.bench.policy
+    if s.base_url is None:
+        from autoevolve.policy.local import LocalPolicy
+
+        return LocalPolicy(s.model, batch_size=1)
+    from autoevolve.policy.openai import OpenAIPolicy
+
+    return OpenAIPolicy(s.model, s.base_url, s.api_key_env)
 
 
 def stage_select(r: Round, evolved: EvolveResult) -> Selection:
@@ -181,9 +187,22 @@ def write_report(
         "round": r.bench.round,
         "hcp": {"original": r.original.id, "evolved": evolved.best.id},
         "candidates": [
-            {"hcp_id": x.hcp_id, "mutator": x.mutator, "status": x.status, "mean_reward": x.mean_reward, "note": x.note}
+            {
+                "hcp_id": x.hcp_id,
+                "parents": x.parents,
+                "mutator": x.mutator,
+                "components": x.components,
+                "status": x.status,
+                "dev_mean": x.mean_reward if x.status == "keep" else None,
+                "note": x.note,
+            }
             for x in evolved.candidates
         ],
+        "evolve": {
+            "dev_original": evolved.candidates[0].mean_reward,
+            "dev_best": max(c.mean_reward for c in evolved.candidates if c.status == "keep"),
+            "budget": evolved.budget,
+        },
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id),
         "selected": len(selection.items),
         "selection_id": selection.id,

@@ -1,28 +1,42 @@
-"""Stage 1, prompt evolution: mutate HCP configs around the frozen weights and keep the ones that score better."""
+"""Stage 1, prompt evolution: a Pareto search over HCP configs around the frozen weights.
+
+Each step draws a parent from the per-task Pareto frontier of the pool (dev scores), rolls it out on a train
+minibatch, asks the next mutator for a child, and tries the child on the same minibatch. A child that beats its
+parent(s) there joins the pool and is scored on the dev tasks; every attempt, kept or not, is a ledger row in
+the store with its lineage. The search stops when a budget is spent, after ``patience`` children in a row that
+do not raise the best dev score, or after ``candidates`` children.
+"""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
 
+from autoevolve.config import EvolveSettings
 from autoevolve.envs import Environment
-from autoevolve.evolve.mutators import Evidence, Mutator, keep_frozen, make_mutators
-from autoevolve.hcp import HCPConfig
+from autoevolve.evolve.budget import Budget
+from autoevolve.evolve.mutators import Evidence, Merge, Mutator, ProposalError, approx_tokens, keep_frozen
+from autoevolve.evolve.mutators import make_mutators as make_mutators
+from autoevolve.evolve.pareto import merge_pairs, sample_parent
+from autoevolve.hcp import COMPONENTS, HCPConfig, diff
+from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Candidate, Task, Trajectory
 from autoevolve.workbench import Workbench, mean
 
-__all__ = ["EvolveResult", "evolve", "train_tasks"]
+__all__ = ["EvolveResult", "evolve", "make_mutators", "train_tasks"]
 
 
 @dataclass
 class EvolveResult:
-    """The search's outcome: the best config, every candidate, and the train tasks they were scored on."""
+    """The search's outcome: the best config by dev score, the ledger, every config tried, the budget spent."""
 
     best: HCPConfig
     original: HCPConfig
     candidates: list[Candidate]
     configs: dict[str, HCPConfig]
-    tasks: list[Task]
+    budget: dict[str, Any] = field(default_factory=dict)
 
 
 def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
@@ -35,97 +49,192 @@ def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
 def evolve(
     bench: Workbench,
     original: HCPConfig,
+    settings: EvolveSettings,
     *,
-    tasks: list[Task],
-    candidates: int,
-    mutators: list[str],
-    demo_pool: int = 12,
-    demo_k: tuple[int, ...] = (2, 3),
-    demo_styles: tuple[str, ...] = ("full", "first_call"),
-    frozen: list[str] = (),
+    train: list[Task],
+    dev: list[Task],
+    mutators: list[Mutator],
     adapter: str = "",
-    max_prompt_tokens: int | None = None,
 ) -> EvolveResult:
-    """Greedy search from the original config: each child is built from the best config so far.
+    """Search configs from the original; children tried on ``train`` minibatches, pool members scored on ``dev``."""
+    search = _Search(bench, settings, adapter, dev)
+    limit = settings.budget.rollouts
+    if limit is not None and search.budget.cost(original.id, dev) > limit:
+        raise ValueError(
+            f"evolve.budget.rollouts={limit} cannot even score the original config on {len(dev)} dev tasks "
+            f"x {settings.samples} samples; raise it or lower evolve.dev_tasks"
+        )
+    search.seed(original)
+    stop = search.run(mutators, train, random.Random(bench.seed))
+    best = max(search.pool, key=lambda c: c.mean_reward)  # the first of equals: the seed wins ties
+    return EvolveResult(
+        search.configs[best.hcp_id], original, search.ledger, search.configs, search.budget.report(stop)
+    )
 
-    A child is kept when its mean train reward beats the best so far and its mean prompt stays within
-    ``max_prompt_tokens`` (long prompts cost every later rollout); a mutator that raises yields a crashed
-    candidate, recorded with the reason, never an aborted search.
-    """
-    rng = random.Random(bench.seed)
-    ops = make_mutators(mutators, demo_pool, demo_k, demo_styles)
-    by_id = {t.id: t for t in tasks}
-    evidence = Evidence(trajectories=[], tasks=by_id, reference=bench.env.reference)
-    configs = {original.id: original}
-    seed = _score(bench, original, tasks, adapter, evidence)
-    pool = [_candidate(bench, original, None, "seed", "keep", seed)]
-    best = pool[0]
-    for i in range(candidates):
-        op: Mutator = ops[i % len(ops)]
-        parent = configs[best.hcp_id]
+
+class _Search:
+    """The search's state: the pool (kept candidates), the ledger (every attempt), configs, lineage, budget."""
+
+    def __init__(self, bench: Workbench, settings: EvolveSettings, adapter: str, dev: list[Task]) -> None:
+        self.bench, self.settings, self.adapter, self.dev = bench, settings, adapter, dev
+        self.budget = Budget(settings.budget, settings.samples)
+        self.evidence = Evidence(
+            trajectories=[], tasks={}, reference=bench.env.reference, count_tokens=_token_counter(bench.policy)
+        )
+        self.configs: dict[str, HCPConfig] = {}
+        self.pool: list[Candidate] = []
+        self.ledger: list[Candidate] = []
+        self.parents: dict[str, list[str]] = {}
+        self._evidence_keys: set[tuple[str, str, int]] = set()
+
+    def seed(self, original: HCPConfig) -> None:
+        """Score the original config on dev: the pool's first member."""
+        self.configs[original.id] = original
+        self._keep(Candidate(run_id=self.bench.run_id, round=self.bench.round, hcp_id=original.id, status="keep"))
+
+    def run(self, ops: list[Mutator], train: list[Task], rng: random.Random) -> str:
+        """Propose children until a stop; returns why it stopped."""
+        self.evidence.tasks = {t.id: t for t in train}
+        s = self.settings
+        fails = 0
+        for i in range(s.candidates):
+            op, parents = self._next(ops, i, rng)
+            if op is None:
+                return "no mutator can propose (merge needs two pool members with a common ancestor)"
+            batch = sorted(rng.sample(train, min(s.minibatch, len(train))), key=lambda t: t.id)
+            cost = sum(self.budget.cost(p, batch) for p in parents) + (len(batch) + len(self.dev)) * s.samples
+            stop = self.budget.spent(cost)
+            lim = s.budget.optimiser_calls
+            if stop is None and op.calls and lim is not None and self.budget.optimiser_calls + op.calls > lim:
+                stop = "optimiser_calls"
+            if stop:
+                return stop
+            best = max(c.mean_reward for c in self.pool)
+            row = self._step(op, parents, batch, rng)
+            fails = 0 if row.status == "keep" and row.mean_reward > best else fails + 1
+            if s.budget.patience is not None and fails >= s.budget.patience:
+                return "patience"
+        return "candidates"
+
+    def _next(self, ops: list[Mutator], i: int, rng: random.Random) -> tuple[Mutator | None, list[str]]:
+        """The i-th mutator in turn (skipping a merge with no partners) and the parent(s) it works on."""
+        for k in range(len(ops)):
+            op = ops[(i + k) % len(ops)]
+            if not isinstance(op, Merge):
+                return op, [sample_parent(self.pool, rng)]
+            pairs = merge_pairs(self.pool, self.parents)
+            if pairs:
+                a, b, _ = rng.choice(pairs)
+                return op, [a, b]
+        return None, []
+
+    def _step(self, op: Mutator, parents: list[str], batch: list[Task], rng: random.Random) -> Candidate:
+        """Propose one child and try it: crash, discard on the minibatch, or keep and score on dev."""
+        row = Candidate(
+            run_id=self.bench.run_id,
+            round=self.bench.round,
+            hcp_id="",
+            parents=parents,
+            mutator=op.name,
+            status="crash",
+        )
+        parent = self.configs[parents[0]]
+        scored = {p: self._rollouts(self.configs[p], batch) for p in parents}
+        self.evidence.minibatch = scored[parents[0]]
         try:
-            child = keep_frozen(parent, op.propose(parent, evidence, rng), list(frozen))
+            child = keep_frozen(parent, self._propose(op, parents, rng), self.settings.frozen)
         except ValueError as exc:
-            pool.append(_crash(bench, parent, op, str(exc)))
-            continue
-        if child.id in configs:
-            pool.append(_crash(bench, parent, op, f"proposed an already tried config {child.id}"))
-            continue
-        configs[child.id] = child.model_copy(update={"name": f"{original.name}+{op.name}{i + 1}"})
-        trajs = _score(bench, configs[child.id], tasks, adapter, evidence)
+            why = f"failed proposal: {exc}" if isinstance(exc, ProposalError) else str(exc)
+            return self._crash(row, why, getattr(exc, "reply", ""))
+        if child.id in self.configs:
+            return self._crash(row, f"proposed an already tried config {child.id}")
+        child = child.model_copy(update={"name": f"{parent.name.split('+')[0]}+{op.name}{len(self.ledger)}"})
+        self.configs[child.id] = child
+        self.parents[child.id] = parents
+        trajs = self._rollouts(child, batch)
+        row = row.model_copy(
+            update={
+                "hcp_id": child.id,
+                "components": [c for c in COMPONENTS if getattr(child, c) != getattr(parent, c)],
+                "diff": diff(parent, child),
+                "minibatch": _per_task(trajs)[0],
+                "parent_minibatch": _per_task(scored[parents[0]])[0],
+            }
+        )
+        beat = max(sum(_per_task(scored[p])[0].values()) for p in parents)
+        got = sum(row.minibatch.values())
         tokens = mean([float(t.prompt_tokens) for t in trajs])
-        over = max_prompt_tokens is not None and tokens > max_prompt_tokens
-        status = "keep" if mean([t.reward for t in trajs]) > best.mean_reward and not over else "discard"
-        note = f"mean prompt of {tokens:.0f} tokens is over the budget of {max_prompt_tokens}" if over else ""
-        pool.append(_candidate(bench, configs[child.id], parent.id, op.name, status, trajs, note))
-        if status == "keep":
-            best = pool[-1]
-    return EvolveResult(configs[best.hcp_id], original, pool, configs, tasks)
+        cap = self.settings.max_prompt_tokens
+        if cap is not None and tokens > cap:
+            note = f"mean prompt of {tokens:.0f} tokens is over the budget of {cap}"
+            return self._record(row.model_copy(update={"status": "discard", "note": note}))
+        if got <= beat:
+            note = f"minibatch {got:.2f} vs parent {beat:.2f}: not better"
+            return self._record(row.model_copy(update={"status": "discard", "note": note}))
+        return self._keep(row.model_copy(update={"note": f"minibatch {got:.2f} vs parent {beat:.2f}"}))
+
+    def _propose(self, op: Mutator, parents: list[str], rng: random.Random) -> HCPConfig:
+        """The mutator's child (for a merge: of both parents over their nearest common ancestor)."""
+        try:
+            if isinstance(op, Merge):
+                a, b = parents
+                ancestor = next(x for p, q, x in merge_pairs(self.pool, self.parents) if (p, q) == (a, b))
+                scores = {c.hcp_id: c.mean_reward for c in self.pool}
+                return op.combine(self.configs[a], self.configs[b], self.configs[ancestor], scores[a] >= scores[b])
+            return op.propose(self.configs[parents[0]], self.evidence, rng)
+        finally:
+            self.budget.optimiser_calls += op.calls
+
+    def _crash(self, row: Candidate, why: str, reply: str = "") -> Candidate:
+        """Record a proposal that failed (an optimiser's unusable reply is kept in ``diff``)."""
+        crash_id = f"crash-{row.mutator}-{len(self.ledger)}"  # unique within the round's ledger
+        return self._record(row.model_copy(update={"hcp_id": crash_id, "note": why, "diff": reply}))
+
+    def _keep(self, row: Candidate) -> Candidate:
+        """Score a pool member on the dev tasks (per-task mean and spread over samples) and record it."""
+        trajs = self.bench.rollouts(
+            self.configs[row.hcp_id], self.dev, adapter=self.adapter, stage="evolve", samples=self.settings.samples
+        )
+        self.budget.charge(trajs)
+        scores, spreads = _per_task(trajs)
+        row = row.model_copy(
+            update={"status": "keep", "scores": scores, "spreads": spreads, "mean_reward": mean(list(scores.values()))}
+        )
+        self.pool.append(row)
+        return self._record(row)
+
+    def _record(self, row: Candidate) -> Candidate:
+        """Write a ledger row with the rollouts used so far."""
+        row = row.model_copy(update={"rollouts_used": self.budget.rollouts})
+        self.bench.store.put_candidate(row)
+        self.ledger.append(row)
+        return row
+
+    def _rollouts(self, hcp: HCPConfig, tasks: list[Task]) -> list[Trajectory]:
+        """Train rollouts of a config: charged to the budget and added to the evidence."""
+        trajs = self.bench.rollouts(hcp, tasks, adapter=self.adapter, stage="evolve", samples=self.settings.samples)
+        self.budget.charge(trajs)
+        for t in trajs:
+            if (t.hcp_id, t.task_id, t.sample) not in self._evidence_keys:
+                self._evidence_keys.add((t.hcp_id, t.task_id, t.sample))
+                self.evidence.trajectories.append(t)
+        return trajs
 
 
-def _score(bench: Workbench, hcp: HCPConfig, tasks: list[Task], adapter: str, evidence: Evidence) -> list[Trajectory]:
-    """Roll a config out on the train tasks and add the rollouts to the evidence."""
-    trajs = bench.rollouts(hcp, tasks, adapter=adapter, stage="evolve")
-    evidence.trajectories.extend(trajs)
-    return trajs
-
-
-def _candidate(
-    bench: Workbench,
-    hcp: HCPConfig,
-    parent: str | None,
-    mutator: str,
-    status: str,
-    trajs: list[Trajectory],
-    note: str = "",
-) -> Candidate:
-    """Record a scored candidate in the store."""
-    scores = {t.task_id: t.reward for t in trajs}
-    c = Candidate(
-        run_id=bench.run_id,
-        round=bench.round,
-        hcp_id=hcp.id,
-        parent_id=parent,
-        mutator=mutator,
-        status=status,
-        scores=scores,
-        mean_reward=mean(list(scores.values())),
-        note=note,
+def _per_task(trajs: list[Trajectory]) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean reward and its spread (population std over samples) per task."""
+    by_task: dict[str, list[float]] = {}
+    for t in trajs:
+        by_task.setdefault(t.task_id, []).append(t.reward)
+    return (
+        {k: mean(v) for k, v in by_task.items()},
+        {k: statistics.pstdev(v) for k, v in by_task.items()},
     )
-    bench.store.put_candidate(c)
-    return c
 
 
-def _crash(bench: Workbench, parent: HCPConfig, op: Mutator, why: str) -> Candidate:
-    """Record a proposal that failed, with why."""
-    c = Candidate(
-        run_id=bench.run_id,
-        round=bench.round,
-        hcp_id=f"crash-{op.name}-{parent.id}",
-        parent_id=parent.id,
-        mutator=op.name,
-        status="crash",
-        note=why,
-    )
-    bench.store.put_candidate(c)
-    return c
+def _token_counter(policy: Policy) -> Any:
+    """Prompt tokens by the policy's own tokenizer when it has one (LocalPolicy), else an estimate."""
+    count = getattr(policy, "prompt_tokens", None)
+    if count is None:
+        return approx_tokens
+    return lambda messages, tools=None: count(ChatRequest(messages=messages, tools=tools))

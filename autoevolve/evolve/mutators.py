@@ -5,32 +5,54 @@ A mutator changes components of the config and nothing else; the environment's s
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from autoevolve.hcp import CallSyntax, Demo, Demos, HCPConfig, ToolFormat
+from autoevolve.config import EvolveSettings
+from autoevolve.hcp import COMPONENTS, CallSyntax, Demo, Demos, HCPConfig, ToolFormat
 from autoevolve.records import Message, Task, Trajectory
+
+TokenCounter = Callable[[list[dict[str, Any]], "list[dict] | None"], int]
+
+
+def approx_tokens(messages: list[dict[str, Any]], tools: list[dict] | None = None) -> int:
+    """A tokenizer-free estimate: about four characters a token."""
+    return (sum(len(str(m.get("content") or "")) for m in messages) + len(json.dumps(tools or []))) // 4
 
 
 @dataclass
 class Evidence:
-    """What a mutator may read: this round's train rollouts, the train tasks, labelled train solutions."""
+    """What a mutator may read: train rollouts so far, the parent's minibatch rollouts, train tasks, solutions.
+
+    Only train rollouts are ever evidence: dev tasks score candidates and must not leak into demos or reflection.
+    """
 
     trajectories: list[Trajectory]
     tasks: dict[str, Task]
     reference: Callable[[Task], list[Message] | None] = field(default=lambda task: None)
+    minibatch: list[Trajectory] = field(default_factory=list)
+    count_tokens: TokenCounter = approx_tokens
+
+
+class ProposalError(ValueError):
+    """A mutator could not propose a valid child; ``reply`` keeps an optimiser's raw output for the ledger."""
+
+    def __init__(self, why: str, reply: str = "") -> None:
+        super().__init__(why)
+        self.reply = reply
 
 
 class Mutator(Protocol):
-    """Proposes a child config. Raises ValueError when it has nothing new to propose."""
+    """Proposes a child config. Raises ValueError (or ProposalError) when it has nothing valid to propose."""
 
     name: str
-    component: str
+    calls: int  # optimiser-LLM calls one proposal makes (budgeted by the search)
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
-        """A child of ``parent`` differing in this mutator's component."""
+        """A child of ``parent`` that differs in this mutator's components."""
         ...
 
 
@@ -42,12 +64,16 @@ class DemoBootstrap:
     """
 
     name = "demos"
-    component = "demos"
+    calls = 0
 
     def __init__(
-        self, pool: int = 12, ks: tuple[int, ...] = (2, 3), styles: tuple[str, ...] = ("full", "first_call")
+        self,
+        pool: int = 12,
+        ks: tuple[int, ...] = (2, 3),
+        styles: tuple[str, ...] = ("full", "first_call"),
+        max_prompt_tokens: int | None = None,
     ) -> None:
-        self.pool, self.ks, self.styles = pool, ks, styles
+        self.pool, self.ks, self.styles, self.max_prompt_tokens = pool, ks, styles, max_prompt_tokens
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a fresh demo set retrieved per task by similarity."""
@@ -65,8 +91,24 @@ class DemoBootstrap:
         if not chosen:
             raise ValueError("no successful train rollouts and no labelled solutions to take demos from")
         chosen.sort(key=lambda d: d.task_id)  # the order is fixed by content, not by draw order
-        demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=rng.choice(self.styles))
-        return parent.model_copy(update={"demos": demos})
+        order = rng.choice(ORDERS)
+        demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=rng.choice(self.styles), order=order)
+        return self._within_budget(parent.model_copy(update={"demos": demos}), evidence)
+
+    def _within_budget(self, child: HCPConfig, evidence: Evidence) -> HCPConfig:
+        """Fewer demos per task until the mean first prompt fits the prompt-token budget."""
+        if self.max_prompt_tokens is None:
+            return child
+        probe = sorted(evidence.tasks.values(), key=lambda t: t.id)[:8]
+        while True:
+            tokens = sum(evidence.count_tokens(*child.render(t)) for t in probe) / max(len(probe), 1)
+            if tokens <= self.max_prompt_tokens:
+                return child
+            if child.demos.k == 1:
+                raise ValueError(
+                    f"one demo already makes a {tokens:.0f}-token prompt (budget {self.max_prompt_tokens})"
+                )
+            child = child.model_copy(update={"demos": child.demos.model_copy(update={"k": child.demos.k - 1})})
 
 
 def _successes(trajs: list[Trajectory]) -> list[Demo]:
@@ -79,6 +121,8 @@ def _successes(trajs: list[Trajectory]) -> list[Demo]:
             best[t.task_id] = t
     return [Demo(task_id=t.task_id, messages=t.messages) for t in sorted(best.values(), key=lambda t: t.task_id)]
 
+
+ORDERS = ("nearest_last", "nearest_first")
 
 PRESENTATIONS: list[tuple[ToolFormat, CallSyntax]] = [
     ("json", "json"),
@@ -93,7 +137,7 @@ class ToolPresentation:
     """Another way of showing the tools (JSON schema, Python signatures, compact list) with a call syntax."""
 
     name = "tool_format"
-    component = "tool_format"
+    calls = 0
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a different (tool format, call syntax) pair, and demo style toggled half the time."""
@@ -106,18 +150,64 @@ class ToolPresentation:
         return parent.model_copy(update=update)
 
 
-MUTATORS: dict[str, Callable[..., Mutator]] = {"demos": DemoBootstrap, "tool_format": ToolPresentation}
+class ScaffoldSampling:
+    """One scaffold or sampling knob: temperature, step limit, plan-before-acting, or the reply's call syntax."""
+
+    name = "scaffold"
+    calls = 0
+
+    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+        """Parent with one knob changed."""
+        knobs = ["temperature", "max_steps", "plan_first"] + (["call_syntax"] if parent.tool_format != "native" else [])
+        knob = rng.choice(knobs)
+        if knob == "temperature":
+            value = rng.choice([t for t in (0.0, 0.3, 0.7) if t != parent.sampling.temperature])
+            return parent.model_copy(update={"sampling": parent.sampling.model_copy(update={"temperature": value})})
+        if knob == "max_steps":
+            steps = parent.scaffold.max_steps
+            value = rng.choice([s for s in (steps - 1, steps + 1) if 1 <= s <= 64])
+            return parent.model_copy(update={"scaffold": parent.scaffold.model_copy(update={"max_steps": value})})
+        if knob == "plan_first":
+            scaffold = parent.scaffold.model_copy(update={"plan_first": not parent.scaffold.plan_first})
+            return parent.model_copy(update={"scaffold": scaffold})
+        return parent.model_copy(update={"call_syntax": "python" if parent.call_syntax == "json" else "json"})
 
 
-def make_mutators(
-    names: list[str],
-    demo_pool: int,
-    demo_k: tuple[int, ...] = (2, 3),
-    demo_styles: tuple[str, ...] = ("full", "first_call"),
-) -> list[Mutator]:
-    """Mutators by name, in the order given."""
-    demos = DemoBootstrap(pool=demo_pool, ks=demo_k, styles=demo_styles)
-    return [demos if n == "demos" else MUTATORS[n]() for n in names]
+class Merge:
+    """Combine two pool members that share an ancestor: each takes over the components it changed (GEPA's merge)."""
+
+    name = "merge"
+    calls = 0
+
+    def combine(self, a: HCPConfig, b: HCPConfig, ancestor: HCPConfig, prefer_a: bool) -> HCPConfig:
+        """``a`` with every component only ``b`` changed from the ancestor; where both changed, the preferred one's."""
+        update = {}
+        for name in COMPONENTS:
+            mine, theirs, old = getattr(a, name), getattr(b, name), getattr(ancestor, name)
+            if mine != theirs and (mine == old or (theirs != old and not prefer_a)):
+                update[name] = theirs
+        child = a.model_copy(update=update)
+        if child.id in (a.id, b.id):
+            raise ValueError(f"merging {a.id} and {b.id} gives one of them back: no component to combine")
+        return child
+
+
+def make_mutators(settings: EvolveSettings, reflector: Any = None, adapter: str | None = None) -> list[Any]:
+    """Mutators by name, in the order the settings list them (the reflective one needs an optimiser policy)."""
+    ops: list[Any] = []
+    for name in settings.mutators:
+        if name == "demos":
+            demo_k, styles = tuple(settings.demo_k), tuple(settings.demo_styles)
+            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens))
+        elif name == "reflective":
+            from autoevolve.evolve.reflect import Reflective
+
+            if reflector is None:
+                raise ValueError("the reflective mutator needs an optimiser policy")
+            ops.append(Reflective(reflector, settings.reflection, frozen=settings.frozen, adapter=adapter))
+        else:
+            ops.append({"tool_format": ToolPresentation, "scaffold": ScaffoldSampling, "merge": Merge}[name]())
+    return ops
 
 
 def keep_frozen(parent: HCPConfig, child: HCPConfig, frozen: list[str]) -> HCPConfig:

@@ -1,83 +1,173 @@
-"""Stage 1: mutators and the search ledger."""
+"""Stage 1: the Pareto search, its budgets and ledger (scripted policies, real store, real environment)."""
 
 from __future__ import annotations
 
-import random
+import json
 
 import pytest
 
-from autoevolve.envs.life import LifeEnv
-from autoevolve.evolve import evolve, train_tasks
-from autoevolve.evolve.mutators import DemoBootstrap, Evidence, ToolPresentation, keep_frozen
-from autoevolve.hcp import HCPConfig
-from autoevolve.records import Trajectory
+from autoevolve.config import BudgetSettings, EvolveSettings
+from autoevolve.envs.life import LifeEnv, _book_args
+from autoevolve.evolve import evolve, make_mutators, train_tasks
+from autoevolve.evolve.mutators import ScaffoldSampling
+from autoevolve.hcp import COMPONENTS, HCPConfig
+from autoevolve.policy import ChatRequest, Completion
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 from tests.test_rollout import Scripted
 
 
-def _evidence(env: LifeEnv, successes: int = 0) -> Evidence:
-    tasks = env.tasks("train")[:20]
-    trajs = [
-        Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="h", messages=env.reference(t), reward=1.0)
-        for t in tasks[:successes]
-    ]
-    return Evidence(trajectories=trajs, tasks={t.id: t for t in tasks}, reference=env.reference)
+class DemoLearner:
+    """A policy that books correctly only when the prompt holds demos, and never otherwise."""
+
+    def __init__(self, env: LifeEnv) -> None:
+        self.goals = {t.request: t.goal for s in ("train", "dev", "test") for t in env.tasks(s)}
+
+    def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
+        return [self._one(r.messages) for r in requests]
+
+    def _one(self, messages: list[dict]) -> Completion:
+        if messages[-1]["role"] != "user" or "Tool result" in messages[-1]["content"]:
+            return Completion(text="Done.", completion_tokens=2)
+        if len(messages) <= 2:  # system + request: no demos
+            return Completion(text="I am not sure.", completion_tokens=4)
+        goal = self.goals[messages[-1]["content"]]
+        call = {"name": "book_table", "arguments": _book_args(goal)}
+        return Completion(text=json.dumps(call), completion_tokens=20)
+
+    def add_adapter(self, name: str, path: str) -> None:
+        pass
 
 
-def test_demo_bootstrap_is_seeded_and_prefers_own_successes(env: LifeEnv, original: HCPConfig) -> None:
-    op = DemoBootstrap(pool=6)
-    a = op.propose(original, _evidence(env, successes=4), random.Random(1))
-    b = op.propose(original, _evidence(env, successes=4), random.Random(1))
-    assert a == b and a.id != original.id
-    assert len(a.demos.items) == 6 and a.demos.select == "nearest"
-    own = {t.id for t in env.tasks("train")[:4]}
-    assert own <= {d.task_id for d in a.demos.items}  # all four successes are used before any labelled one
-    assert a.tools == original.tools and a.system_prompt == original.system_prompt
+def _settings(**kw) -> EvolveSettings:
+    base = {"minibatch": 4, "dev_tasks": 4, "candidates": 4, "demo_pool": 4, "demo_k": [2], "demo_styles": ["full"]}
+    return EvolveSettings(**(base | kw))
 
 
-def test_demo_bootstrap_without_any_source_raises(env: LifeEnv, original: HCPConfig) -> None:
-    empty = Evidence(trajectories=[], tasks={}, reference=env.reference)
-    with pytest.raises(ValueError, match="no successful train rollouts"):
-        DemoBootstrap().propose(original, empty, random.Random(0))
+def _search(env, original, tmp_path, policy, settings, reflector=None, seed=0):
+    """Run the search on 4 train and 4 dev table-booking tasks; returns the result and the stored ledger."""
+    train = [t for t in env.tasks("train") if t.goal["kind"] == "table"][:4]
+    dev = [t for t in env.tasks("dev") if t.goal["kind"] == "table"][:4]
+    with Store(tmp_path / "s.duckdb") as store:
+        bench = Workbench(policy, env, store, run_id="r", seed=seed, progress=None)
+        ops = make_mutators(settings, reflector)
+        result = evolve(bench, original, settings, train=train, dev=dev, mutators=ops)
+        return result, store.candidates("r"), store.count_trajectories("r")
 
 
-def test_tool_presentation_changes_format_only(original: HCPConfig) -> None:
-    child = ToolPresentation().propose(original, Evidence([], {}), random.Random(3))
-    assert (child.tool_format, child.call_syntax) != (original.tool_format, original.call_syntax)
-    assert child.system_prompt == original.system_prompt and child.demos == original.demos
+def test_a_child_that_beats_its_parent_joins_the_pool_with_lineage(env, original, tmp_path) -> None:
+    result, ledger, _ = _search(env, original, tmp_path, DemoLearner(env), _settings(mutators=["demos"], candidates=2))
+    seed, child, again = ledger
+    assert seed.mutator == "seed" and seed.parents == [] and seed.mean_reward == 0.0 and len(seed.scores) == 4
+    assert child.status == "keep" and child.parents == [original.id] and child.components == ["demos"]
+    assert child.mean_reward == 1.0 and set(child.minibatch.values()) == {1.0}
+    assert set(child.parent_minibatch.values()) == {0.0} and "demos:" in child.diff
+    assert child.spreads == dict.fromkeys(child.scores, 0.0)
+    assert result.best.id == child.hcp_id and result.best.demos.items
+    # The second child's parent is drawn from the frontier: the demo config, which no demo set can beat.
+    assert again.parents == [child.hcp_id] and again.status == "discard" and "not better" in again.note
+    assert result.budget["stop"] == "candidates" and result.budget["rollouts"] == again.rollouts_used
 
 
-def test_frozen_components_never_change(env: LifeEnv, original: HCPConfig) -> None:
-    child = DemoBootstrap(pool=4).propose(original, _evidence(env), random.Random(0))
-    kept = keep_frozen(original, child, ["demos"])
-    assert kept.demos == original.demos and kept.id == original.id
+def test_rollout_budget_is_never_exceeded(env, original, tmp_path) -> None:
+    # Seed: 4 dev rollouts. A step may need parent 4 + child 4 + dev 4 = 12; after the first, the parent's
+    # minibatch (all 4 train tasks) is stored, so each later step may need 8 and uses 4.
+    budget = BudgetSettings(rollouts=20)
+    settings = _settings(mutators=["tool_format"], minibatch=4, candidates=10, budget=budget)
+    result, ledger, stored = _search(env, original, tmp_path, Scripted(["No."]), settings)
+    assert result.budget["stop"] == "rollouts"
+    assert [c.rollouts_used for c in ledger] == [4, 12, 16]  # a third child could need 16 + 8 > 20
+    assert result.budget["rollouts"] == 16 == stored
+
+
+def test_token_call_and_patience_budgets_stop_exactly(env, original, tmp_path) -> None:
+    tokens = _settings(mutators=["tool_format"], candidates=10, budget=BudgetSettings(generated_tokens=60))
+    result, ledger, _ = _search(env, original, tmp_path / "a", Scripted(["No."]), tokens)
+    # Scripted: 5 tokens a rollout. Seed 20; each child step 40 (parent and child on 4 tasks), then 20.
+    assert result.budget["stop"] == "generated_tokens" and len(ledger) == 2 and result.budget["generated_tokens"] == 60
+    patience = _settings(mutators=["tool_format"], candidates=10, budget=BudgetSettings(patience=3))
+    result, ledger, _ = _search(env, original, tmp_path / "b", Scripted(["No."]), patience)
+    assert result.budget["stop"] == "patience" and len(ledger) == 1 + 3
+    calls = _settings(mutators=["reflective"], candidates=10, budget=BudgetSettings(optimiser_calls=2))
+    optimiser = Scripted(["```\nnot a prompt\n```"])
+    result, ledger, _ = _search(env, original, tmp_path / "c", Scripted(["No."]), calls, reflector=optimiser)
+    assert result.budget["stop"] == "optimiser_calls" and optimiser.calls == 2 and len(ledger) == 3
+
+
+def test_an_unparseable_optimiser_reply_is_a_recorded_failed_proposal(env, original, tmp_path) -> None:
+    settings = _settings(mutators=["reflective"], candidates=1)
+    settings.reflection.components = ["tools"]
+    reply = "Here you go:\n```yaml\n- name: book_table\n  description: [unclosed\n```"
+    result, ledger, _ = _search(env, original, tmp_path, Scripted(["No."]), settings, reflector=Scripted([reply]))
+    failed = ledger[1]
+    assert failed.status == "crash" and failed.mutator == "reflective" and failed.parents == [original.id]
+    assert failed.note.startswith("failed proposal: the optimiser's tools is not valid YAML or JSON")
+    assert failed.diff == reply and result.best.id == original.id
+
+
+def test_frozen_components_never_change_in_a_search(env, original, tmp_path) -> None:
+    settings = _settings(mutators=["demos", "tool_format", "scaffold"], candidates=6, frozen=["tool_format", "demos"])
+    result, ledger, _ = _search(env, original, tmp_path, DemoLearner(env), settings)
+    children = [result.configs[c.hcp_id] for c in ledger if c.hcp_id in result.configs]
+    assert len(children) >= 2
+    for child in children:
+        assert child.tool_format == original.tool_format and child.demos == original.demos
+    assert all(set(c.components) <= set(COMPONENTS) - {"tool_format", "demos"} for c in ledger)
+
+
+class TwoSkills(DemoLearner):
+    """Books with demos on even-numbered tasks, with Python-style tools on odd ones; the seed alone on the first."""
+
+    def __init__(self, env: LifeEnv, first: str) -> None:
+        super().__init__(env)
+        self.order = {t.request: i for s in ("train", "dev") for i, t in enumerate(env.tasks(s))}
+        self.first = first
+
+    def _one(self, messages: list[dict]) -> Completion:
+        if messages[-1]["role"] != "user" or "Tool result" in messages[-1]["content"]:
+            return Completion(text="Done.", completion_tokens=2)
+        request, system = messages[-1]["content"], messages[0]["content"]
+        demos, python = len(messages) > 2, "def " in system or "tool_name(" in system
+        odd = self.order[request] % 2 == 1
+        seed_only = request == self.first and not demos and not python
+        if seed_only or (request != self.first and ((odd and python) or (not odd and demos))):
+            return Completion(text=json.dumps({"name": "book_table", "arguments": _book_args(self.goals[request])}))
+        return Completion(text="I am not sure.")
+
+
+def test_a_merge_combines_two_frontier_members_over_their_ancestor(env, original, tmp_path) -> None:
+    first = next(t for t in env.tasks("dev") if t.goal["kind"] == "table").request
+    settings = _settings(mutators=["demos", "tool_format", "merge"], candidates=3)
+    # Workbench seed 4 draws the seed config as the tool_format child's parent, so two siblings share an ancestor.
+    result, ledger, _ = _search(env, original, tmp_path, TwoSkills(env, first), settings, seed=4)
+    assert [c.mutator for c in ledger] == ["seed", "demos", "tool_format", "merge"], [c.note for c in ledger]
+    demos, tools, merged = ledger[1:]
+    assert demos.parents == tools.parents == [original.id] and sorted(merged.parents) == sorted([demos.hcp_id, tools.hcp_id])
+    child = result.configs[merged.hcp_id]
+    assert child.demos == result.configs[demos.hcp_id].demos
+    assert child.tool_format == result.configs[tools.hcp_id].tool_format
+    assert merged.status == "keep" and merged.mean_reward > max(demos.mean_reward, tools.mean_reward)
+
+
+def test_the_seed_alone_must_fit_the_rollout_budget(env, original, tmp_path) -> None:
+    settings = _settings(budget=BudgetSettings(rollouts=3))
+    with pytest.raises(ValueError, match=r"evolve.budget.rollouts=3 cannot even score the original config on 4 dev"):
+        _search(env, original, tmp_path, Scripted(["No."]), settings)
+
+
+def test_scaffold_mutator_changes_one_knob(original: HCPConfig) -> None:
+    import random
+
+    seen = set()
+    for seed in range(12):
+        child = ScaffoldSampling().propose(original, None, random.Random(seed))
+        changed = [c for c in COMPONENTS if getattr(child, c) != getattr(original, c)]
+        assert len(changed) == 1 and child.id != original.id
+        seen.add(changed[0])
+    assert seen == {"sampling", "scaffold", "call_syntax"}
 
 
 def test_train_tasks_nest_for_the_same_seed(env: LifeEnv) -> None:
     small, large = train_tasks(env, 8, seed=3), train_tasks(env, 24, seed=3)
     assert {t.id for t in small} <= {t.id for t in large} and len(large) == 24
     assert train_tasks(env, 8, seed=4) != small
-
-
-def test_search_records_every_candidate(env: LifeEnv, original: HCPConfig, tmp_path) -> None:
-    tasks = env.tasks("train")[:4]
-    with Store(tmp_path / "s.duckdb") as store:
-        bench = Workbench(Scripted(["I cannot help."]), env, store, run_id="r", progress=None)
-        result = evolve(
-            bench,
-            original,
-            tasks=tasks,
-            candidates=3,
-            mutators=["demos", "tool_format"],
-            demo_pool=4,
-            demo_k=(2,),
-            demo_styles=("full",),
-        )
-        ledger = store.candidates("r")
-    assert [c.mutator for c in ledger] == ["seed", "demos", "tool_format", "demos"]
-    assert ledger[0].status == "keep" and ledger[0].mean_reward == 0.0
-    # A constant policy never improves; with 4 tasks and a pool of 4 the second demo set repeats the first.
-    assert [c.status for c in ledger[1:]] == ["discard", "discard", "crash"]
-    assert ledger[3].note == f"proposed an already tried config {ledger[1].hcp_id}"
-    assert result.best.id == original.id and len(ledger[1].scores) == 4
