@@ -2,6 +2,8 @@
 
 autoevolve run configs/quickstart.yaml    one self-evolution round (a Prefect flow, no server needed)
 autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, do nothing else
+autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
+autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from autoevolve.config import ConfigError, RunConfig, load_config
+
+DEFAULT_STORE = "trajectories/autoevolve.duckdb"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("config", help="run config YAML, e.g. configs/quickstart.yaml")
     check = sub.add_parser("check", help="validate a run config and its HCP file")
     check.add_argument("config", help="run config YAML")
+    cands = sub.add_parser("candidates", help="list a run's stage-1 candidates with lineage and scores")
+    cands.add_argument("run", help="run id (a run config's run_id, or its file stem)")
+    cands.add_argument("--round", type=int, default=None, help="only this round")
+    cands.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
+    dif = sub.add_parser("diff", help="diff two HCP configs of a run, component by component")
+    dif.add_argument("run", help="run id")
+    dif.add_argument("a", help="'seed', 'best', or an HCP id (a unique prefix is enough)")
+    dif.add_argument("b", help="'seed', 'best', or an HCP id")
+    dif.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     args = parser.parse_args(argv)
+    if args.command in ("candidates", "diff"):
+        return _lineage(args)
     try:
         config = load_config(args.config)
     except ConfigError as exc:
@@ -38,6 +54,26 @@ _RUN_HELP = (
     "LoRA distillation under the original config, the dev gate, and the 2x2 report on test tasks. "
     "Writes report.json under run_dir/run_id."
 )
+
+
+def _lineage(args: argparse.Namespace) -> int:
+    """Print a run's ledger or a config diff; exit 2 with one line when the run or a config is unknown."""
+    from autoevolve.lineage import LineageError, config_diff, format_candidates, run_candidates
+    from autoevolve.store import Store
+
+    if not Path(args.store).is_file():
+        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
+        return 2
+    try:
+        with Store(args.store) as store:
+            if args.command == "candidates":
+                print(format_candidates(run_candidates(store, args.run, args.round)))
+            else:
+                print(config_diff(store, args.run, args.a, args.b))
+    except LineageError as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _run(config: RunConfig) -> int:

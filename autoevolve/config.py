@@ -26,14 +26,24 @@ class Section(BaseModel):
 class EnvSettings(Section):
     """The environment and its task splits."""
 
-    name: Literal["life"] = "life"
+    name: Literal["life", "fncall"] = "life"
     seed: int = Field(default=0, description="World and task generation seed.")
     tiers: list[int] = Field(
-        default=[1, 2, 3], description="Task tiers to use (1: one call, 2: search+act, 3: choose)."
+        default=[1, 2, 3], description="Task tiers to use (life: 1 one call, 2 search+act, 3 choose; fncall: 1, 2)."
     )
     n_train: int = Field(default=256, gt=0)
     n_dev: int = Field(default=64, gt=0)
     n_test: int = Field(default=96, gt=0)
+    path: Path | None = Field(default=None, description="fncall: BFCL-format question file (JSON lines).")
+    answers: Path | None = Field(
+        default=None, description="fncall: answers file; default possible_answer/<same name> beside ``path``."
+    )
+
+    def options(self) -> dict[str, Any]:
+        """Keyword arguments of the environment's constructor."""
+        common = {"seed": self.seed, "tiers": tuple(self.tiers), "n_train": self.n_train}
+        common |= {"n_dev": self.n_dev, "n_test": self.n_test}
+        return common | ({"path": self.path, "answers": self.answers} if self.name == "fncall" else {})
 
 
 class OpenAISettings(Section):
@@ -176,6 +186,10 @@ def load_config(path: str | Path) -> RunConfig:
     except ValidationError as exc:
         raise ConfigError(f"{path}: {_first_error(exc)}") from None
     config.hcp = _existing(config.hcp, path, "hcp")
+    if config.env.name == "fncall":
+        if config.env.path is None:
+            raise ConfigError(f"{path}: env.path: the fncall environment needs a BFCL question file (see README)")
+        config.env.path = _existing(config.env.path, path, "env.path")
     if "reflective" in config.evolve.mutators:
         reflection = config.evolve.reflection
         reflection.meta_prompts = _existing(reflection.meta_prompts, path, "evolve.reflection.meta_prompts")

@@ -71,14 +71,7 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
     if round is None:
         round = sum(a.run_id == config.run_id for a in store.adapters(config.expert))
     store.put_run(str(config.run_id), json.loads(config.model_dump_json()))
-    env = make_env(
-        config.env.name,
-        seed=config.env.seed,
-        tiers=tuple(config.env.tiers),
-        n_train=config.env.n_train,
-        n_dev=config.env.n_dev,
-        n_test=config.env.n_test,
-    )
+    env = make_env(config.env.name, **config.env.options())
     policy = policy or make_policy(config)
     live = store.promoted_adapter(config.expert)
     if live is not None:

@@ -308,6 +308,10 @@ class Store:
         row = self._one("SELECT config FROM runs WHERE run_id = ?", [run_id])
         return json.loads(row[0]) if row else None
 
+    def runs(self) -> list[str]:
+        """Run ids, oldest first."""
+        return [r[0] for r in self._all("SELECT run_id FROM runs ORDER BY created_at, run_id")]
+
     def put_hcp(self, hcp_id: str, name: str, body: dict) -> None:
         """Record an HCP config under its content hash; re-putting is a no-op."""
         self._write(

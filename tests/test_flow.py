@@ -27,5 +27,7 @@ def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, 
     on_disk = json.loads((tmp_path / "runs" / "tiny" / "report.json").read_text())
     assert on_disk == report
     with Store(tmp_path / "s.duckdb", read_only=True) as store:
-        assert store.count_trajectories("tiny") == report["rollouts"] == 4 * 2  # 2 configs x 4 tasks, reused
+        # The seed on 4 dev tasks, seed and child on a 4-task train minibatch; selection reuses the seed's.
+        assert store.count_trajectories("tiny") == report["rollouts"] == 4 + 4 * 2
+        assert report["evolve"]["budget"]["rollouts"] == 12 and report["evolve"]["budget"]["stop"] == "candidates"
         assert len(store.selections("tiny")) == 1 and store.adapters() == []

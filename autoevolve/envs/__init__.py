@@ -49,4 +49,8 @@ def make_env(name: str, **options: Any) -> Environment:
         from autoevolve.envs.life import LifeEnv
 
         return LifeEnv(**options)
-    raise ValueError(f"unknown environment {name!r} (known: life)")
+    if name == "fncall":
+        from autoevolve.envs.fncall import FncallEnv
+
+        return FncallEnv(**options)
+    raise ValueError(f"unknown environment {name!r} (known: life, fncall)")

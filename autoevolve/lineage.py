@@ -1,0 +1,66 @@
+"""Reading the search's ledger: a table of a run's candidates, and the diff between two of its configs."""
+
+from __future__ import annotations
+
+from autoevolve.hcp import HCPConfig, diff
+from autoevolve.records import Candidate
+from autoevolve.store import Store
+
+
+class LineageError(ValueError):
+    """A run or config reference that the store cannot answer; the message says what exists."""
+
+
+def run_candidates(store: Store, run_id: str, round: int | None = None) -> list[Candidate]:
+    """The ledger of a run, or LineageError naming the runs the store has."""
+    rows = store.candidates(run_id, round)
+    if not rows:
+        known = ", ".join(store.runs()) or "none"
+        where = f" round {round}" if round is not None else ""
+        raise LineageError(f"no candidates for run {run_id!r}{where} in {store.path} (runs: {known})")
+    return rows
+
+
+def format_candidates(rows: list[Candidate]) -> str:
+    """One line a candidate: lineage, what changed, status, scores, budget, note."""
+    head = ["round", "hcp_id", "parents", "mutator", "components", "status", "dev", "minibatch", "rollouts", "note"]
+    lines = []
+    for c in rows:
+        child, parent = sum(c.minibatch.values()), sum(c.parent_minibatch.values())
+        lines.append(
+            [
+                str(c.round),
+                c.hcp_id,
+                ",".join(c.parents) or "-",
+                c.mutator,
+                ",".join(c.components) or "-",
+                c.status,
+                f"{c.mean_reward:.3f}" if c.status == "keep" else "-",
+                f"{child:.2f}/{parent:.2f}" if c.minibatch else "-",
+                str(c.rollouts_used),
+                c.note,
+            ]
+        )
+    widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head) - 1)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)) + r[-1] for r in [head, *lines])
+
+
+def resolve(rows: list[Candidate], ref: str) -> str:
+    """An HCP id from a reference: 'seed', 'best', a full id or a unique prefix of one of the run's configs."""
+    scored = [c for c in rows if not c.hcp_id.startswith("crash-")]
+    if ref == "seed":
+        return next(c.hcp_id for c in rows if c.mutator == "seed")
+    if ref == "best":
+        return max((c for c in scored if c.status == "keep"), key=lambda c: c.mean_reward).hcp_id
+    hits = sorted({c.hcp_id for c in scored if c.hcp_id.startswith(ref)})
+    if len(hits) != 1:
+        what = "no config" if not hits else f"{len(hits)} configs ({', '.join(hits)})"
+        raise LineageError(f"{ref!r} matches {what} of the run; use 'seed', 'best' or an id from `candidates`")
+    return hits[0]
+
+
+def config_diff(store: Store, run_id: str, a: str, b: str) -> str:
+    """The per-component diff between two of a run's configs, by reference."""
+    rows = run_candidates(store, run_id)
+    first, second = (HCPConfig.model_validate(store.get_hcp(resolve(rows, ref))) for ref in (a, b))
+    return diff(first, second) or f"{first.id} and {second.id} are the same config"

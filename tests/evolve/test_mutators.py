@@ -1,0 +1,164 @@
+"""Mutators: each proposes a valid child that differs from its parent, the same one for the same seed."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from autoevolve.config import EvolveSettings, ReflectionSettings
+from autoevolve.envs.life import LifeEnv
+from autoevolve.evolve import make_mutators
+from autoevolve.evolve.mutators import DemoBootstrap, Evidence, Merge, ProposalError, ToolPresentation, keep_frozen
+from autoevolve.evolve.reflect import Reflective, apply_reply
+from autoevolve.hcp import COMPONENTS, HCPConfig
+from autoevolve.records import Trajectory
+from tests.test_rollout import Scripted
+
+GOOD_REPLIES = {
+    "system_prompt": "```\nYou book things. Tools:\n{tools}\n\n{call_format}\nAlways call a tool first.\n{memory}\n```",
+    "tools": "```yaml\n- name: book_table\n  description: Reserve a table; use the id from the request.\n```",
+    "routing": "```\nHandle bookings yourself.\n```",
+    "memory": "```\nDate: {today}. User: {user}.\n```",
+    "sampling": "```yaml\ntemperature: 0.3\ntop_p: 0.9\nmax_new_tokens: 80\n```",
+    "scaffold": "```yaml\nmax_steps: 3\ntool_result_role: user\nplan_first: true\n```",
+}
+
+
+def _evidence(env: LifeEnv, successes: int = 0) -> Evidence:
+    tasks = env.tasks("train")[:20]
+    trajs = [
+        Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="h", messages=env.reference(t), reward=1.0)
+        for t in tasks[:successes]
+    ]
+    failed = Trajectory(
+        run_id="r",
+        task_id=tasks[-1].id,
+        split="train",
+        hcp_id="h",
+        messages=env.reference(tasks[-1])[:1],
+        reward=0.0,
+        feedback="Expected a booking at R-123.",
+    )
+    return Evidence(trajectories=trajs, tasks={t.id: t for t in tasks}, reference=env.reference, minibatch=[failed])
+
+
+def _reflective(component: str, reply: str) -> tuple[Reflective, Scripted]:
+    optimiser = Scripted([reply])
+    return Reflective(optimiser, ReflectionSettings(components=[component])), optimiser
+
+
+@pytest.mark.parametrize("name", ["demos", "tool_format", "scaffold", "reflective"])
+def test_each_mutator_gives_a_valid_different_child_from_a_fixed_seed(env, original, name) -> None:
+    settings = EvolveSettings(mutators=[name], demo_pool=4, reflection=ReflectionSettings(components=["system_prompt"]))
+    [op] = make_mutators(settings, Scripted([GOOD_REPLIES["system_prompt"]]))
+    a = op.propose(original, _evidence(env, 2), random.Random(7))
+    b = op.propose(original, _evidence(env, 2), random.Random(7))
+    assert a == b and a.id != original.id
+    assert HCPConfig.model_validate(a.model_dump()) == a  # round-trips: a valid config
+    a.render(env.tasks("dev")[0])
+
+
+@pytest.mark.parametrize("component", sorted(GOOD_REPLIES))
+def test_reflective_rewrites_only_the_drawn_component(env, original, component) -> None:
+    op, optimiser = _reflective(component, f"Sure! Here it is.\n{GOOD_REPLIES[component]}\nHope it helps.")
+    child = op.propose(original, _evidence(env), random.Random(0))
+    changed = [c for c in COMPONENTS if getattr(child, c) != getattr(original, c)]
+    assert changed == [component]
+    assert optimiser.calls == 1
+
+
+def test_reflective_prompt_shows_the_component_and_the_feedback(env, original) -> None:
+    seen = []
+
+    class Recorder(Scripted):
+        def generate(self, requests, adapter=None):
+            seen.extend(requests)
+            return super().generate(requests, adapter)
+
+    op = Reflective(Recorder([GOOD_REPLIES["tools"]]), ReflectionSettings(components=["tools"]))
+    child = op.propose(original, _evidence(env), random.Random(0))
+    prompt = seen[0].messages[1]["content"]
+    assert "Expected a booking at R-123." in prompt and "name: book_table" in prompt and "(score 0.00)" in prompt
+    book = next(t["function"] for t in child.tools if t["function"]["name"] == "book_table")
+    assert book["description"] == "Reserve a table; use the id from the request."
+    assert child.tool_names == original.tool_names and book["parameters"] == next(
+        t["function"]["parameters"] for t in original.tools if t["function"]["name"] == "book_table"
+    )
+
+
+@pytest.mark.parametrize(
+    ("component", "reply", "why"),
+    [
+        ("system_prompt", "```\nBe helpful.\n```", "drops the placeholder {tools}"),
+        ("tools", "```yaml\n- name: teleport\n  description: x\n```", "unknown tool 'teleport'"),
+        ("tools", "```yaml\n- name: book_table\n  parameters: {seats: n}\n```", "unknown parameter book_table.seats"),
+        ("tools", "```yaml\n- name: [unclosed\n```", "is not valid YAML or JSON"),
+        ("scaffold", "```yaml\nmax_steps: 999\n```", "not a valid HCP config: scaffold.max_steps"),
+        ("sampling", "```json\n{\"temperature\": \"hot\"}\n```", "not a valid HCP config: sampling.temperature"),
+        ("routing", "```\n```", "holds no new routing"),
+    ],
+)
+def test_unusable_replies_raise_proposal_errors_that_keep_the_reply(original, component, reply, why) -> None:
+    with pytest.raises(ProposalError, match=why.replace("{", r"\{").replace("}", r"\}").replace("[", r"\[")) as err:
+        apply_reply(original, component, reply)
+    assert err.value.reply == reply
+
+
+def test_frozen_components_are_never_drawn_or_changed(env, original) -> None:
+    op, _ = _reflective("system_prompt", GOOD_REPLIES["system_prompt"])
+    op.components = []
+    with pytest.raises(ValueError, match="every component the reflective mutator may rewrite is frozen"):
+        op.propose(original, _evidence(env), random.Random(0))
+    for name in ("demos", "tool_format", "scaffold"):
+        [mutator] = make_mutators(EvolveSettings(mutators=[name], demo_pool=4))
+        child = mutator.propose(original, _evidence(env, 2), random.Random(1))
+        kept = keep_frozen(original, child, list(COMPONENTS))
+        assert kept.id == original.id
+
+
+def test_demo_bootstrap_is_seeded_and_prefers_own_successes(env, original) -> None:
+    op = DemoBootstrap(pool=6)
+    a = op.propose(original, _evidence(env, successes=4), random.Random(1))
+    assert len(a.demos.items) == 6 and a.demos.select == "nearest"
+    own = {t.id for t in env.tasks("train")[:4]}
+    assert own <= {d.task_id for d in a.demos.items}  # all four successes are used before any labelled one
+    assert a.tools == original.tools and a.system_prompt == original.system_prompt
+
+
+def test_demo_bootstrap_fits_the_prompt_token_budget(env, original) -> None:
+    evidence = _evidence(env, successes=6)
+    loose = DemoBootstrap(pool=6, ks=(3,), styles=("full",)).propose(original, evidence, random.Random(0))
+    tokens = [evidence.count_tokens(*loose.render(t)) for t in sorted(evidence.tasks.values(), key=lambda t: t.id)]
+    mean = sum(tokens[:8]) / 8
+    tight = DemoBootstrap(pool=6, ks=(3,), styles=("full",), max_prompt_tokens=int(mean) - 1)
+    child = tight.propose(original, evidence, random.Random(0))
+    assert child.demos.k < 3
+    with pytest.raises(ValueError, match="one demo already makes a"):
+        DemoBootstrap(pool=6, ks=(3,), max_prompt_tokens=10).propose(original, evidence, random.Random(0))
+
+
+def test_demo_bootstrap_without_any_source_raises(env, original) -> None:
+    empty = Evidence(trajectories=[], tasks={}, reference=env.reference)
+    with pytest.raises(ValueError, match="no successful train rollouts"):
+        DemoBootstrap().propose(original, empty, random.Random(0))
+
+
+def test_tool_presentation_changes_format_only(original) -> None:
+    child = ToolPresentation().propose(original, Evidence([], {}), random.Random(3))
+    assert (child.tool_format, child.call_syntax) != (original.tool_format, original.call_syntax)
+    assert child.system_prompt == original.system_prompt and child.demos == original.demos
+
+
+def test_merge_takes_each_parents_changes_over_the_ancestor(original) -> None:
+    a = original.model_copy(update={"routing": "Route A."})
+    b = original.model_copy(update={"tool_format": "python", "call_syntax": "python"})
+    child = Merge().combine(a, b, original, prefer_a=True)
+    assert (child.routing, child.tool_format, child.call_syntax) == ("Route A.", "python", "python")
+    a = a.model_copy(update={"memory": a.memory.model_copy(update={"template": "Date {today}."})})
+    both = b.model_copy(update={"routing": "Route B."})
+    preferring_b = Merge().combine(a, both, original, prefer_a=False)
+    assert (preferring_b.routing, preferring_b.memory, preferring_b.tool_format) == ("Route B.", a.memory, "python")
+    assert Merge().combine(a, both, original, prefer_a=True).routing == "Route A."
+    with pytest.raises(ValueError, match="no component to combine"):
+        Merge().combine(a, original, original, prefer_a=True)

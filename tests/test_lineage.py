@@ -1,0 +1,58 @@
+"""`autoevolve candidates` and `autoevolve diff`, run as a user runs them, on a store a real search wrote."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoevolve.store import Store
+from tests.evolve.test_evolve import DemoLearner, _search, _settings
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, env, original) -> tuple[Path, list]:
+    """A store holding one search: seed, a kept demo config, a discarded tool-format child, a crash."""
+    folder = tmp_path_factory.mktemp("lineage")
+    _, ledger, _ = _search(env, original, folder, DemoLearner(env), _settings(mutators=["demos", "tool_format"]))
+    with Store(folder / "s.duckdb") as store:
+        store.put_run("r", {"seed": 0})
+    return folder / "s.duckdb", ledger
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autoevolve.cli", *args], capture_output=True, text=True)
+
+
+def test_candidates_lists_every_ledger_row(searched) -> None:
+    path, ledger = searched
+    done = _cli("candidates", "r", "--store", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:6] == ["round", "hcp_id", "parents", "mutator", "components", "status"]
+    assert len(lines) == 1 + len(ledger)
+    for line, row in zip(lines[1:], ledger, strict=True):
+        assert row.hcp_id in line and row.status in line and row.mutator in line
+    kept = next(line for line, row in zip(lines[1:], ledger, strict=True) if row.mutator == "demos")
+    assert "1.000" in kept and "4.00/0.00" in kept
+
+
+def test_diff_shows_the_changed_component(searched) -> None:
+    path, ledger = searched
+    done = _cli("diff", "r", "seed", "best", "--store", str(path))
+    assert done.returncode == 0, done.stderr
+    assert f"{ledger[0].hcp_id}/demos" in done.stdout and "+  items:" in done.stdout
+    same = _cli("diff", "r", "seed", ledger[0].hcp_id[:6], "--store", str(path))
+    assert same.stdout.strip() == f"{ledger[0].hcp_id} and {ledger[0].hcp_id} are the same config"
+
+
+def test_unknown_run_or_config_exits_2_with_one_line(searched, tmp_path) -> None:
+    path, _ = searched
+    done = _cli("candidates", "nope", "--store", str(path))
+    assert done.returncode == 2 and "no candidates for run 'nope'" in done.stderr and "(runs: r)" in done.stderr
+    done = _cli("diff", "r", "seed", "zzz", "--store", str(path))
+    assert done.returncode == 2 and "'zzz' matches no config of the run" in done.stderr
+    done = _cli("candidates", "r", "--store", str(tmp_path / "missing.duckdb"))
+    assert done.returncode == 2 and "no store at" in done.stderr and len(done.stderr.splitlines()) == 1
