@@ -46,6 +46,10 @@ def test_round_end_to_end(tmp_path: Path, prefect_harness, smol_policy, monkeypa
         assert store.count_trajectories("it-round") == report["rollouts"] > 0
         [adapter] = store.adapters("L1-life")
         selection = store.selection(adapter.selection_id)
+        ledger = store.candidates("it-round")
+    assert [c.hcp_id for c in ledger] == [c["hcp_id"] for c in report["candidates"]]  # every attempt has a row
+    assert ledger[0].mutator == "seed" and all(c.parents == [ledger[0].hcp_id] for c in ledger[1:])
+    assert len(ledger[0].scores) == 16 and report["evolve"]["budget"]["rollouts"] == ledger[-1].rollouts_used
     assert report["selected"] == len(selection.items) >= 1
     assert adapter.hcp_id == config.original_hcp().id and adapter.evolved_hcp_id == report["hcp"]["evolved"]
     assert adapter.status in ("promoted", "rejected") and adapter.reason

@@ -103,10 +103,7 @@ class _Search:
                 return "no mutator can propose (merge needs two pool members with a common ancestor)"
             batch = sorted(rng.sample(train, min(s.minibatch, len(train))), key=lambda t: t.id)
             cost = sum(self.budget.cost(p, batch) for p in parents) + (len(batch) + len(self.dev)) * s.samples
-            stop = self.budget.spent(cost)
-            lim = s.budget.optimiser_calls
-            if stop is None and op.calls and lim is not None and self.budget.optimiser_calls + op.calls > lim:
-                stop = "optimiser_calls"
+            stop = self.budget.spent(cost, op.calls)
             if stop:
                 return stop
             best = max(c.mean_reward for c in self.pool)

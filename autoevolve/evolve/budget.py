@@ -44,14 +44,15 @@ class Budget:
         """Wall-clock seconds since the search started."""
         return time.monotonic() - self.started
 
-    def spent(self, next_rollouts: int = 0) -> str | None:
-        """The first limit spent, or that the next step's rollouts would exceed; None while all have room."""
+    def spent(self, next_rollouts: int = 0, next_calls: int = 0) -> str | None:
+        """The first limit spent or that the next step (its rollouts, its optimiser calls) could exceed; else None."""
         lim = self.limits
         if lim.rollouts is not None and self.rollouts + next_rollouts > lim.rollouts:
             return "rollouts"
         if lim.generated_tokens is not None and self.generated_tokens >= lim.generated_tokens:
             return "generated_tokens"
-        if lim.optimiser_calls is not None and self.optimiser_calls >= lim.optimiser_calls:
+        calls = self.optimiser_calls + max(next_calls, 1)  # a spent call budget stops even a step that makes none
+        if lim.optimiser_calls is not None and calls > lim.optimiser_calls:
             return "optimiser_calls"
         if lim.seconds is not None and self.seconds >= lim.seconds:
             return "seconds"
