@@ -142,7 +142,8 @@ def test_a_merge_combines_two_frontier_members_over_their_ancestor(env, original
     result, ledger, _ = _search(env, original, tmp_path, TwoSkills(env, first), settings, seed=4)
     assert [c.mutator for c in ledger] == ["seed", "demos", "tool_format", "merge"], [c.note for c in ledger]
     demos, tools, merged = ledger[1:]
-    assert demos.parents == tools.parents == [original.id] and sorted(merged.parents) == sorted([demos.hcp_id, tools.hcp_id])
+    assert demos.parents == tools.parents == [original.id]
+    assert sorted(merged.parents) == sorted([demos.hcp_id, tools.hcp_id])
     child = result.configs[merged.hcp_id]
     assert child.demos == result.configs[demos.hcp_id].demos
     assert child.tool_format == result.configs[tools.hcp_id].tool_format

@@ -95,7 +95,7 @@ def test_reflective_prompt_shows_the_component_and_the_feedback(env, original) -
         ("tools", "```yaml\n- name: book_table\n  parameters: {seats: n}\n```", "unknown parameter book_table.seats"),
         ("tools", "```yaml\n- name: [unclosed\n```", "is not valid YAML or JSON"),
         ("scaffold", "```yaml\nmax_steps: 999\n```", "not a valid HCP config: scaffold.max_steps"),
-        ("sampling", "```json\n{\"temperature\": \"hot\"}\n```", "not a valid HCP config: sampling.temperature"),
+        ("sampling", '```json\n{"temperature": "hot"}\n```', "not a valid HCP config: sampling.temperature"),
         ("routing", "```\n```", "holds no new routing"),
     ],
 )
