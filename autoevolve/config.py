@@ -112,6 +112,10 @@ class EvolveSettings(Section):
     demo_styles: list[Literal["full", "first_call"]] = Field(
         default=["full", "first_call"], description="How demos are shown; a demo set draws one of these."
     )
+    demo_orders: list[Literal["nearest_last", "nearest_first"]] = Field(
+        default=["nearest_last"],
+        description="Where the most similar demo goes; a demo set draws one (nearest_first scored 0/8 vs 4/8 at 135M).",
+    )
     frozen: list[str] = Field(default_factory=list, description="HCP components no mutator may change.")
     max_prompt_tokens: int | None = Field(
         default=None, gt=0, description="Children whose mean first prompt is longer are discarded."

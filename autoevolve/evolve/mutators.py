@@ -72,8 +72,10 @@ class DemoBootstrap:
         ks: tuple[int, ...] = (2, 3),
         styles: tuple[str, ...] = ("full", "first_call"),
         max_prompt_tokens: int | None = None,
+        orders: tuple[str, ...] = ("nearest_last",),
     ) -> None:
-        self.pool, self.ks, self.styles, self.max_prompt_tokens = pool, ks, styles, max_prompt_tokens
+        self.pool, self.ks, self.styles, self.orders = pool, ks, styles, orders
+        self.max_prompt_tokens = max_prompt_tokens
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a fresh demo set retrieved per task by similarity."""
@@ -91,7 +93,7 @@ class DemoBootstrap:
         if not chosen:
             raise ValueError("no successful train rollouts and no labelled solutions to take demos from")
         chosen.sort(key=lambda d: d.task_id)  # the order is fixed by content, not by draw order
-        order = rng.choice(ORDERS)
+        order = rng.choice(self.orders)
         demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=rng.choice(self.styles), order=order)
         return self._within_budget(parent.model_copy(update={"demos": demos}), evidence)
 
@@ -121,8 +123,6 @@ def _successes(trajs: list[Trajectory]) -> list[Demo]:
             best[t.task_id] = t
     return [Demo(task_id=t.task_id, messages=t.messages) for t in sorted(best.values(), key=lambda t: t.task_id)]
 
-
-ORDERS = ("nearest_last", "nearest_first")
 
 PRESENTATIONS: list[tuple[ToolFormat, CallSyntax]] = [
     ("json", "json"),
@@ -198,7 +198,8 @@ def make_mutators(settings: EvolveSettings, reflector: Any = None, adapter: str 
     for name in settings.mutators:
         if name == "demos":
             demo_k, styles = tuple(settings.demo_k), tuple(settings.demo_styles)
-            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens))
+            orders = tuple(settings.demo_orders)
+            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens, orders))
         elif name == "reflective":
             from autoevolve.evolve.reflect import Reflective
 
