@@ -17,6 +17,9 @@ from autoevolve.distill import SFTSettings
 from autoevolve.hcp import COMPONENTS, HCPConfig
 
 
+PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
+
+
 class Section(BaseModel):
     """A config section: unknown keys are errors."""
 
@@ -93,7 +96,7 @@ class ReflectionSettings(Section):
         default=["system_prompt", "tools"], description="Components it may rewrite; one is drawn per proposal."
     )
     examples: int = Field(default=4, gt=0, description="Minibatch trajectories shown per proposal (failures first).")
-    meta_prompts: Path = Field(default=Path("prompts/reflect.yaml"), description="YAML file of the meta-prompts.")
+    meta_prompts: Path = Field(default=PROJECT / "prompts" / "reflect.yaml", description="YAML file of meta-prompts.")
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     max_new_tokens: int = Field(default=512, gt=0)
 

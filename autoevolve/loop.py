@@ -193,7 +193,7 @@ def write_report(
         ],
         "evolve": {
             "dev_original": evolved.candidates[0].mean_reward,
-            "dev_best": max(c.mean_reward for c in evolved.candidates if c.status == "keep"),
+            "dev_best": evolved.best_dev,
             "budget": evolved.budget,
         },
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id),

@@ -6,7 +6,8 @@ with demos, tool_format, reflective, scaffold and merge. Each row reports the be
 score, the rollouts used, the rollouts spent when a dev score of at least GEPA's final one was first known (that
 candidate's dev scoring included, for both), the best config's mean first-prompt tokens on test, and wall seconds.
 
-Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/evolution_vs_gepa.py [--budget 200]
+Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/evolution_vs_gepa.py [--budget 160]
+(about 20 minutes on 2 CPU cores at the defaults; --budget 80 about half that.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import argparse
 import json
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -23,11 +24,12 @@ from typing import Any
 
 import gepa
 from gepa.core.adapter import EvaluationBatch
+from gepa.core.result import GEPAResult
 
 from autoevolve.config import BudgetSettings, EvolveSettings, ReflectionSettings
 from autoevolve.envs.life import LifeEnv
-from autoevolve.evolve import evolve, make_mutators, train_tasks
-from autoevolve.hcp import HCPConfig
+from autoevolve.evolve import EvolveResult, evolve, make_mutators, train_tasks
+from autoevolve.hcp import COMPONENTS, HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.records import Message, Task, Trajectory
@@ -45,15 +47,17 @@ class Outcome:
     system: str
     best_dev: float
     test: float
+    prompt_tokens: float  # mean first-prompt tokens of the best config on the test tasks
     rollouts: int
     reached: int | None  # rollouts spent when GEPA's final dev score was first reached; None: never
-    prompt_tokens: float
     seconds: float
     best_id: str
 
 
 class LifeAdapter:
     """GEPA adapter: a candidate's system prompt on the original config, rolled out through a Workbench."""
+
+    propose_new_texts = None  # GEPA reads this attribute: None selects its own reflective proposer
 
     def __init__(self, bench: Workbench, original: HCPConfig) -> None:
         self.bench, self.original = bench, original
@@ -130,7 +134,9 @@ def test_score(bench: Workbench, hcp: HCPConfig, test: list[Task]) -> tuple[floa
     return mean([t.reward for t in trajs]), mean([float(t.prompt_tokens) for t in trajs])
 
 
-def run_ours(bench: Workbench, original: HCPConfig, args: argparse.Namespace, split: dict[str, list[Task]]) -> Any:
+def run_ours(
+    bench: Workbench, original: HCPConfig, args: argparse.Namespace, split: dict[str, list[Task]]
+) -> EvolveResult:
     """Our stage 1 with settings after configs/quickstart.yaml; the budget is what stops it."""
     settings = EvolveSettings(
         train_tasks=args.train,
@@ -151,7 +157,13 @@ def run_ours(bench: Workbench, original: HCPConfig, args: argparse.Namespace, sp
     return evolve(bench, original, settings, train=split["train"], dev=split["dev"], mutators=ops)
 
 
-def run_gepa(adapter: LifeAdapter, original: HCPConfig, args: argparse.Namespace, split: dict, replies: list) -> Any:
+def run_gepa(
+    adapter: LifeAdapter,
+    original: HCPConfig,
+    args: argparse.Namespace,
+    split: dict[str, list[Task]],
+    replies: list[str],
+) -> GEPAResult:
     """GEPA's optimize over the system prompt, with its defaults but our minibatch size and budget."""
     return gepa.optimize(
         seed_candidate={"system_prompt": original.system_prompt},
@@ -165,10 +177,73 @@ def run_gepa(adapter: LifeAdapter, original: HCPConfig, args: argparse.Namespace
     )
 
 
+def compare(args: argparse.Namespace) -> tuple[list[Outcome], dict[str, Any]]:
+    """Run both searches on one policy and store, score their best configs on test; the rows and notes."""
+    env = LifeEnv(tiers=(1,), n_train=256, n_dev=64, n_test=96)  # the quickstart's split sizes
+    split = {"train": train_tasks(env, args.train, args.seed), "dev": env.tasks("dev")[: args.dev]}
+    test = env.tasks("test")[: args.test]
+    original = HCPConfig.from_yaml(ROOT / "prompts/life.yaml")
+    policy = LocalPolicy(batch_size=64)
+    replies: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "bench.duckdb") as store:
+        adapter = LifeAdapter(Workbench(policy, env, store, "bench-gepa", seed=args.seed, progress=None), original)
+        started = time.perf_counter()
+        found = run_gepa(adapter, original, args, split, replies)
+        gepa_seconds = time.perf_counter() - started
+        bench = Workbench(policy, env, store, "bench-ours", seed=args.seed, progress=None)
+        started = time.perf_counter()
+        ours = run_ours(bench, original, args, split)
+        ours_seconds = time.perf_counter() - started
+        gepa_best, gepa_dev = adapter.config(found.best_candidate), found.val_aggregate_scores[found.best_idx]
+        kept = [c for c in ours.candidates if c.status == "keep"]
+        reached = [c.rollouts_used for c in kept if c.mean_reward >= gepa_dev - 1e-9]
+        # GEPA's discovery count is taken before a candidate's dev scoring, ours after it: add the dev tasks.
+        gepa_reached = found.discovery_eval_counts[found.best_idx] + len(split["dev"])
+        rows = [
+            Outcome(
+                "ours (evolve)", max(c.mean_reward for c in kept), *test_score(bench, ours.best, test),
+                ours.budget["rollouts"], min(reached, default=None), ours_seconds, ours.best.id,
+            ),
+            Outcome(
+                "GEPA optimize", gepa_dev, *test_score(adapter.bench, gepa_best, test),
+                found.total_metric_calls or 0, gepa_reached, gepa_seconds, gepa_best.id,
+            ),
+        ]  # fmt: skip
+    notes = summary(ours, found, replies)
+    return rows, notes
+
+
+def summary(ours: EvolveResult, found: GEPAResult, replies: list[str]) -> dict[str, Any]:
+    """What each search did: ours by mutator and status, GEPA's candidates and what its reflection replies kept."""
+    changed = [c for c in COMPONENTS if getattr(ours.best, c) != getattr(ours.original, c)]
+    by_op: dict[str, dict[str, int]] = {}
+    for c in ours.candidates:
+        by_op.setdefault(c.mutator, {}).setdefault(c.status, 0)
+        by_op[c.mutator][c.status] += 1
+    return {
+        "ours: ledger by mutator": by_op,
+        "ours: stop": ours.budget["stop"],
+        "ours: best config's changed components": changed,
+        "ours: reflective notes": [c.note for c in ours.candidates if c.mutator == "reflective"],
+        "gepa: candidates' dev scores": [round(s, 3) for s in found.val_aggregate_scores],
+        "gepa: reflection replies": len(replies),
+        "gepa: replies with a ``` block": sum("```" in r for r in replies),
+        "gepa: replies keeping every placeholder": sum(all(p in r for p in PLACEHOLDERS) for r in replies),
+        "gepa: first reply": _clip(replies[0]) if replies else "",
+        "gepa: best system prompt": _clip(found.best_candidate["system_prompt"]),
+    }
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def main() -> None:
-    """Run both searches, score their best configs on test, print the table and write the JSON."""
+    """Parse the flags, compare, print the table and notes, write the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--budget", type=int, default=200, help="Rollouts each search may spend.")
+    parser.add_argument("--budget", type=int, default=160, help="Rollouts each search may spend.")
     parser.add_argument("--train", type=int, default=24, help="Train tasks (minibatches are drawn from them).")
     parser.add_argument("--dev", type=int, default=16, help="Dev tasks every kept candidate is scored on.")
     parser.add_argument("--test", type=int, default=32, help="Test tasks the best configs are scored on.")
@@ -177,71 +252,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("/tmp/evolution_vs_gepa.json"))
     args = parser.parse_args()
-    env = LifeEnv(tiers=(1,), n_train=256, n_dev=64, n_test=96)  # the quickstart's split sizes
-    split = {"train": train_tasks(env, args.train, args.seed), "dev": env.tasks("dev")[: args.dev]}
-    test = env.tasks("test")[: args.test]
-    original = HCPConfig.from_yaml(ROOT / "prompts/life.yaml")
-    policy = LocalPolicy(batch_size=64)
-    replies: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp, Store(Path(tmp) / "bench.duckdb") as store:
-        ours_bench = Workbench(policy, env, store, run_id="bench-ours", seed=args.seed, progress=None)
-        gepa_bench = Workbench(policy, env, store, run_id="bench-gepa", seed=args.seed, progress=None)
-        adapter = LifeAdapter(gepa_bench, original)
-        started = time.perf_counter()
-        found = run_gepa(adapter, original, args, split, replies)
-        gepa_seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        ours = run_ours(ours_bench, original, args, split)
-        ours_seconds = time.perf_counter() - started
-
-        g_best = adapter.config(found.best_candidate)
-        g_dev = found.val_aggregate_scores[found.best_idx]
-        # GEPA's discovery count is taken before the new candidate's dev scoring; ours after it: add the dev tasks.
-        g_reached = found.discovery_eval_counts[found.best_idx] + len(split["dev"])
-        kept = [c for c in ours.candidates if c.status == "keep"]
-        reached = [c.rollouts_used for c in kept if c.mean_reward >= g_dev - 1e-9]
-        o_test, o_tokens = test_score(ours_bench, ours.best, test)
-        g_test, g_tokens = test_score(gepa_bench, g_best, test)
-        rows = [
-            Outcome("ours (evolve)", max(c.mean_reward for c in kept), o_test, ours.budget["rollouts"],
-                    min(reached, default=None), o_tokens, ours_seconds, ours.best.id),
-            Outcome("GEPA optimize", g_dev, g_test, found.total_metric_calls or 0, g_reached, g_tokens,
-                    gepa_seconds, g_best.id),
-        ]  # fmt: skip
-    print(f"\nlife tier 1, SmolLM2-135M policy and reflection model, budget {args.budget} rollouts, gepa {version('gepa')}")
+    rows, notes = compare(args)
+    print(f"\nlife tier 1, SmolLM2-135M as policy and reflection model, gepa {version('gepa')}, budget {args.budget}")
     print(f"train {args.train}, dev {args.dev}, test {args.test}, minibatch {args.minibatch}, seed {args.seed}\n")
-    print("| system | best dev | test of best | rollouts used | rollouts to reach GEPA's dev | prompt tokens | wall s |")
+    print("| system | best dev | test of best | rollouts used | rollouts to reach GEPA's dev | prompt tok | wall s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        reach = "never" if r.reached is None else str(r.reached)
+        reach = "never" if r.reached is None else r.reached
         print(
             f"| {r.system} | {r.best_dev:.3f} | {r.test:.3f} | {r.rollouts} | {reach} | {r.prompt_tokens:.0f} "
             f"| {r.seconds:.0f} |"
         )
-    notes = summary(ours.candidates, found, replies, ours.budget["stop"])
     print("\n" + "\n".join(f"- {k}: {v}" for k, v in notes.items()))
-    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": [asdict(r) for r in rows],
-                                    "notes": notes, "gepa": version("gepa")}, indent=2))  # fmt: skip
+    report = {"gepa": version("gepa"), "args": vars(args) | {"out": str(args.out)}, "rows": [asdict(r) for r in rows]}
+    args.out.write_text(json.dumps(report | {"notes": notes}, indent=2))
     print(f"\nwrote {args.out}")
-
-
-def summary(ledger: Sequence[Any], found: Any, replies: list[str], stop: str) -> dict[str, Any]:
-    """What each search did: ours by mutator and status, GEPA's candidates and what its reflection replies kept."""
-    by_op: dict[str, dict[str, int]] = {}
-    for c in ledger:
-        by_op.setdefault(c.mutator, {}).setdefault(c.status, 0)
-        by_op[c.mutator][c.status] += 1
-    crashes = [c.note for c in ledger if c.mutator == "reflective" and c.status == "crash"]
-    return {
-        "ours: ledger by mutator": by_op,
-        "ours: stop": stop,
-        "ours: reflective crashes": crashes,
-        "gepa: candidates (dev scores)": [round(s, 3) for s in found.val_aggregate_scores],
-        "gepa: reflection replies": len(replies),
-        "gepa: replies with a ``` block": sum("```" in r for r in replies),
-        "gepa: replies keeping every placeholder": sum(all(p in r for p in PLACEHOLDERS) for r in replies),
-        "gepa: first reply": replies[0][:400] if replies else "",
-    }
 
 
 if __name__ == "__main__":

@@ -38,6 +38,11 @@ class EvolveResult:
     configs: dict[str, HCPConfig]
     budget: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def best_dev(self) -> float:
+        """Dev score of the best config."""
+        return max(c.mean_reward for c in self.candidates if c.status == "keep")
+
 
 def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
     """The first n train tasks of a seeded shuffle: a smaller n gives a subset of a larger one's tasks."""

@@ -117,7 +117,7 @@ class LocalPolicy:
             out = self.lm.generate(input_ids=suffix, attention_mask=suffix_mask, **kwargs)
             return out[:, suffix.shape[1] :]
         prefix = torch.tensor([ids[0][:shared]], device=device)
-        cache = self.lm(input_ids=prefix, use_cache=True).past_key_values
+        cache = self.lm(input_ids=prefix, use_cache=True).cache
         cache.batch_repeat_interleave(len(ids))
         input_ids = torch.cat([prefix.expand(len(ids), -1), suffix], dim=1)
         mask = torch.cat([torch.ones_like(input_ids[:, :shared]), suffix_mask], dim=1)
