@@ -149,9 +149,7 @@ def run_ours(
         demo_styles=["first_call"],
         max_prompt_tokens=700,
         budget=BudgetSettings(rollouts=args.budget),
-        reflection=ReflectionSettings(
-            meta_prompts=ROOT / "prompts/reflect.yaml", temperature=0.7, max_new_tokens=args.reflect_tokens
-        ),
+        reflection=ReflectionSettings(temperature=0.7, max_new_tokens=args.reflect_tokens),
     )
     ops = make_mutators(settings, reflector=bench.policy)
     return evolve(bench, original, settings, train=split["train"], dev=split["dev"], mutators=ops)
@@ -201,7 +199,7 @@ def compare(args: argparse.Namespace) -> tuple[list[Outcome], dict[str, Any]]:
         gepa_reached = found.discovery_eval_counts[found.best_idx] + len(split["dev"])
         rows = [
             Outcome(
-                "ours (evolve)", max(c.mean_reward for c in kept), *test_score(bench, ours.best, test),
+                "ours (evolve)", ours.best_dev, *test_score(bench, ours.best, test),
                 ours.budget["rollouts"], min(reached, default=None), ours_seconds, ours.best.id,
             ),
             Outcome(

@@ -40,11 +40,36 @@ def test_quickstart_loads() -> None:
             f"hcp: {ROOT}/prompts/life.yaml\nmodel:\n  backend: tpu\n",
             "model.backend: Input should be 'local' or 'openai'",
         ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\nevolve: {{frozen: [tool]}}\n",
+            "evolve.frozen: Value error, unknown component 'tool'",
+        ),
+        (f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall}}\n", "env.path: the fncall environment needs a BFCL"),
+        (
+            f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, path: nope.jsonl}}\n",
+            "env.path: file nope.jsonl not",
+        ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\n"
+            "evolve: {mutators: [reflective], reflection: {meta_prompts: x.yaml}}\n",
+            "evolve.reflection.meta_prompts: file x.yaml not found",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         load_config(_write(tmp_path, text))
+
+
+def test_fncall_config_builds_its_environment() -> None:
+    from autoevolve.envs import make_env
+
+    config = load_config(ROOT / "configs/fncall.yaml")
+    env = make_env(config.env.name, **config.env.options())
+    task = env.tasks("train")[0]
+    assert env.name == "fncall" and task.tools and len(env.tasks("dev")) == config.evolve.dev_tasks
+    messages, _ = config.original_hcp().render(task)
+    assert task.tools[0]["function"]["name"] in messages[0]["content"]
 
 
 def test_bad_hcp_file_names_that_file(tmp_path: Path) -> None:
