@@ -59,7 +59,7 @@ _RUN_HELP = (
 def _lineage(args: argparse.Namespace) -> int:
     """Print a run's ledger or a config diff; exit 2 with one line when the run or a config is unknown."""
     from autoevolve.lineage import LineageError, config_diff, format_candidates, run_candidates
-    from autoevolve.store import Store
+    from autoevolve.store import Store, StoreBusy
 
     if not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -70,7 +70,7 @@ def _lineage(args: argparse.Namespace) -> int:
                 print(format_candidates(run_candidates(store, args.run, args.round)))
             else:
                 print(config_diff(store, args.run, args.a, args.b))
-    except LineageError as exc:
+    except (LineageError, StoreBusy) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     return 0

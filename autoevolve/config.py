@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from autoevolve.distill import SFTSettings
 from autoevolve.hcp import COMPONENTS, HCPConfig
 
-
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
 
 

@@ -8,6 +8,7 @@ One ``Store`` wraps one DuckDB connection, which is not safe to share between th
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,6 +193,10 @@ def _traj_table(trajs: Sequence[Trajectory]) -> pa.Table:
     return pa.table(columns, schema=_TRAJ_ARROW)
 
 
+class StoreBusy(RuntimeError):
+    """Another process holds the database file (DuckDB allows one writer, and readers only without one)."""
+
+
 class Store:
     """The project's DuckDB database: one file, migrated on open, every query by name."""
 
@@ -203,7 +208,16 @@ class Store:
             raise FileNotFoundError(f"no store at {self.path} to open read-only")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.con = duckdb.connect(str(self.path), read_only=read_only)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+            held = re.search(r"PID \d+", str(exc))
+            by = f" ({held.group(0)})" if held else ""
+            raise StoreBusy(
+                f"{self.path} is held by another process{by}, e.g. a running round; retry when it ends"
+            ) from None
         try:
             self._check_version()
             if not read_only:

@@ -56,3 +56,11 @@ def test_unknown_run_or_config_exits_2_with_one_line(searched, tmp_path) -> None
     assert done.returncode == 2 and "'zzz' matches no config of the run" in done.stderr
     done = _cli("candidates", "r", "--store", str(tmp_path / "missing.duckdb"))
     assert done.returncode == 2 and "no store at" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_a_store_held_by_a_running_round_is_one_clear_line(searched) -> None:
+    path, _ = searched
+    with Store(path):  # this process writes, as a running round would
+        done = _cli("candidates", "r", "--store", str(path))
+    assert done.returncode == 2 and "is held by another process (PID" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
