@@ -22,11 +22,11 @@ def run_candidates(store: Store, run_id: str, round: int | None = None) -> list[
 
 
 def format_candidates(rows: list[Candidate]) -> str:
-    """One line a candidate: lineage, what changed, status, scores, budget, note."""
+    """One line a candidate: lineage, what changed, status, dev mean, minibatch mean (child/parent), budget, note."""
     head = ["round", "hcp_id", "parents", "mutator", "components", "status", "dev", "minibatch", "rollouts", "note"]
     lines = []
     for c in rows:
-        child, parent = sum(c.minibatch.values()), sum(c.parent_minibatch.values())
+        child, parent = _mean(c.minibatch), _mean(c.parent_minibatch)
         lines.append(
             [
                 str(c.round),
@@ -36,13 +36,18 @@ def format_candidates(rows: list[Candidate]) -> str:
                 ",".join(c.components) or "-",
                 c.status,
                 f"{c.mean_reward:.3f}" if c.status == "keep" else "-",
-                f"{child:.2f}/{parent:.2f}" if c.minibatch else "-",
+                f"{child:.3f}/{parent:.3f}" if c.minibatch else "-",
                 str(c.rollouts_used),
                 c.note,
             ]
         )
     widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head) - 1)]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)) + r[-1] for r in [head, *lines])
+    return "\n".join("  ".join([*(v.ljust(w) for v, w in zip(r, widths, strict=False)), r[-1]]) for r in [head, *lines])
+
+
+def _mean(scores: dict[str, float]) -> float:
+    """Mean of per-task scores (0.0 for none)."""
+    return sum(scores.values()) / len(scores) if scores else 0.0
 
 
 def resolve(rows: list[Candidate], ref: str) -> str:

@@ -36,7 +36,7 @@ def test_candidates_lists_every_ledger_row(searched) -> None:
     for line, row in zip(lines[1:], ledger, strict=True):
         assert row.hcp_id in line and row.status in line and row.mutator in line
     kept = next(line for line, row in zip(lines[1:], ledger, strict=True) if row.mutator == "demos")
-    assert "1.000" in kept and "4.00/0.00" in kept
+    assert "1.000" in kept and "1.000/0.000" in kept
 
 
 def test_diff_shows_the_changed_component(searched) -> None:

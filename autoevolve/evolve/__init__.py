@@ -170,10 +170,10 @@ class _Search:
         if cap is not None and tokens > cap:
             note = f"mean prompt of {tokens:.0f} tokens is over the budget of {cap}"
             return self._record(row.model_copy(update={"status": "discard", "note": note}))
+        versus = f"minibatch mean {got / len(batch):.3f} vs parent {beat / len(batch):.3f}"
         if got <= beat:
-            note = f"minibatch {got:.2f} vs parent {beat:.2f}: not better"
-            return self._record(row.model_copy(update={"status": "discard", "note": note}))
-        return self._keep(row.model_copy(update={"note": f"minibatch {got:.2f} vs parent {beat:.2f}"}))
+            return self._record(row.model_copy(update={"status": "discard", "note": f"{versus}: not better"}))
+        return self._keep(row.model_copy(update={"note": versus}))
 
     def _propose(self, op: Mutator, parents: list[str], rng: random.Random) -> HCPConfig:
         """The mutator's child (for a merge: of both parents over their nearest common ancestor)."""
