@@ -174,7 +174,10 @@ class ScaffoldSampling:
 
 
 class Merge:
-    """Combine two pool members that share an ancestor: each takes over the components it changed (GEPA's merge)."""
+    """Combine two pool members that share an ancestor: each takes over the components it changed (GEPA's merge).
+
+    It proposes nothing from one parent: the search draws the pair from the Pareto frontier and calls ``combine``.
+    """
 
     name = "merge"
     calls = 0
