@@ -132,7 +132,7 @@ def _clip(text: str, limit: int = 300) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)  # a reply cut off mid-block counts
 
 
 def apply_reply(parent: HCPConfig, component: str, reply: str) -> HCPConfig:

@@ -68,6 +68,11 @@ def test_reflective_rewrites_only_the_drawn_component(env, original, component) 
     assert optimiser.calls == 1
 
 
+def test_a_reply_cut_off_inside_its_block_still_parses(original) -> None:
+    child = apply_reply(original, "routing", "Here:\n```text\nHandle bookings yourself.\nHand on anything")
+    assert child.routing == "Handle bookings yourself.\nHand on anything"
+
+
 def test_reflective_prompt_shows_the_component_and_the_feedback(env, original) -> None:
     seen = []
 
