@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     dif.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     args = parser.parse_args(argv)
     if args.command in ("candidates", "diff"):
-        return _lineage(args)
+        try:
+            return _lineage(args)
+        except BrokenPipeError:  # piped into head: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     try:
         config = load_config(args.config)
     except ConfigError as exc:

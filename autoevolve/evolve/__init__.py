@@ -154,16 +154,17 @@ class _Search:
         self.configs[child.id] = child
         self.parents[child.id] = parents
         trajs = self._rollouts(child, batch)
+        per_parent = {p: _per_task(scored[p])[0] for p in parents}
         row = row.model_copy(
             update={
                 "hcp_id": child.id,
                 "components": [c for c in COMPONENTS if getattr(child, c) != getattr(parent, c)],
                 "diff": diff(parent, child),
                 "minibatch": _per_task(trajs)[0],
-                "parent_minibatch": _per_task(scored[parents[0]])[0],
+                "parent_minibatch": per_parent[parents[0]],
             }
         )
-        beat = max(sum(_per_task(scored[p])[0].values()) for p in parents)
+        beat = max(sum(scores.values()) for scores in per_parent.values())
         got = sum(row.minibatch.values())
         tokens = mean([float(t.prompt_tokens) for t in trajs])
         cap = self.settings.max_prompt_tokens
