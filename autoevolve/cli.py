@@ -4,6 +4,7 @@ autoevolve run configs/quickstart.yaml    one self-evolution round (a Prefect fl
 autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, do nothing else
 autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
 autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
+autoevolve selections quickstart          the stage-2 selections of a run (--items: every kept rollout)
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     dif.add_argument("a", help="'seed', 'best', or an HCP id (a unique prefix is enough)")
     dif.add_argument("b", help="'seed', 'best', or an HCP id")
     dif.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
+    sels = sub.add_parser("selections", help="list a run's stage-2 selections: items, tasks, preference pairs")
+    sels.add_argument("run", help="run id")
+    sels.add_argument("--items", action="store_true", help="one line per kept rollout and the baseline it beat")
+    sels.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     args = parser.parse_args(argv)
-    if args.command in ("candidates", "diff"):
+    if args.command in ("candidates", "diff", "selections"):
         try:
             return _lineage(args)
         except BrokenPipeError:  # piped into head: the reader has what it wanted
@@ -62,7 +67,14 @@ _RUN_HELP = (
 
 def _lineage(args: argparse.Namespace) -> int:
     """Print a run's ledger or a config diff; exit 2 with one line when the run or a config is unknown."""
-    from autoevolve.lineage import LineageError, config_diff, format_candidates, run_candidates
+    from autoevolve.lineage import (
+        LineageError,
+        config_diff,
+        format_candidates,
+        format_selections,
+        run_candidates,
+        run_selections,
+    )
     from autoevolve.store import Store, StoreBusy
 
     if not Path(args.store).is_file():
@@ -72,6 +84,8 @@ def _lineage(args: argparse.Namespace) -> int:
         with Store(args.store) as store:
             if args.command == "candidates":
                 print(format_candidates(run_candidates(store, args.run, args.round)))
+            elif args.command == "selections":
+                print(format_selections(run_selections(store, args.run), items=args.items))
             else:
                 print(config_diff(store, args.run, args.a, args.b))
     except (LineageError, StoreBusy) as exc:

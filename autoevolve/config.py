@@ -141,6 +141,11 @@ class SelectSettings(Section):
     train_tasks: int = Field(default=96, gt=0, description="Train tasks rolled out under both configs.")
     margin: float = Field(default=0.0, ge=0.0, description="Evolved reward must beat the original's by more.")
     min_reward: float = Field(default=1.0, ge=0.0, le=1.0, description="Kept rollouts must also reach this reward.")
+    samples: int = Field(default=1, gt=0, description="Rollouts per task under both configs; their means are compared.")
+    max_per_task: int = Field(default=1, gt=0, description="Distinct winning rollouts kept per task at most.")
+    tier_ratio: float | None = Field(
+        default=2.0, ge=1.0, description="No tier keeps more than this x the items of the tier with fewest; None: off."
+    )
 
 
 class GateSettings(Section):

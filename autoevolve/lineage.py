@@ -1,9 +1,9 @@
-"""Reading the search's ledger: a table of a run's candidates, and the diff between two of its configs."""
+"""Reading a run back: its stage-1 ledger, the diff between two of its configs, and its selections."""
 
 from __future__ import annotations
 
 from autoevolve.hcp import HCPConfig, diff
-from autoevolve.records import Candidate
+from autoevolve.records import Candidate, Selection
 from autoevolve.store import Store
 
 
@@ -19,6 +19,46 @@ def run_candidates(store: Store, run_id: str, round: int | None = None) -> list[
         where = f" round {round}" if round is not None else ""
         raise LineageError(f"no candidates for run {run_id!r}{where} in {store.path} (runs: {known})")
     return rows
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns, the last one unpadded."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
+    return "\n".join("  ".join([*(v.ljust(w) for v, w in zip(r, widths, strict=False)), r[-1]]) for r in [head, *rows])
+
+
+def format_selections(selections: list[Selection], items: bool = False) -> str:
+    """One line a selection (kept items, tasks, preference pairs, mean gain), or one line a kept item."""
+    if items:
+        head = ["selection", "task_id", "hcp_id", "sample", "reward", "baseline_hcp_id", "baseline_sample", "baseline"]
+        rows = [
+            [s.id, i.task_id, i.hcp_id, str(i.sample), f"{i.reward:.3f}", i.baseline_hcp_id, str(i.baseline_sample),
+             f"{i.baseline_reward:.3f}"]
+            for s in selections
+            for i in s.items
+        ]  # fmt: skip
+        return _table(head, rows)
+    head = ["round", "selection", "baseline", "evolved", "adapter", "items", "tasks", "pairs", "mean_gain"]
+    rows = []
+    for s in selections:
+        pairs = sum(i.baseline_reward < 1.0 and i.baseline_reward < i.reward for i in s.items)
+        gain = sum(i.reward - i.baseline_reward for i in s.items) / len(s.items) if s.items else 0.0
+        tasks = len({i.task_id for i in s.items})
+        rows.append(
+            [str(s.round), s.id, s.baseline_hcp_id, s.evolved_hcp_id, s.adapter or "-", str(len(s.items)), str(tasks),
+             str(pairs), f"{gain:.3f}"]
+        )  # fmt: skip
+    return _table(head, rows)
+
+
+def run_selections(store: Store, run_id: str) -> list[Selection]:
+    """The selections of a run, or LineageError naming the runs the store has."""
+    found = store.selections(run_id)
+    if not found:
+        raise LineageError(
+            f"no selections for run {run_id!r} in {store.path} (runs: {', '.join(store.runs()) or 'none'})"
+        )
+    return found
 
 
 def format_candidates(rows: list[Candidate]) -> str:
@@ -41,8 +81,7 @@ def format_candidates(rows: list[Candidate]) -> str:
                 c.note,
             ]
         )
-    widths = [max(len(r[i]) for r in [head, *lines]) for i in range(len(head) - 1)]
-    return "\n".join("  ".join([*(v.ljust(w) for v, w in zip(r, widths, strict=False)), r[-1]]) for r in [head, *lines])
+    return _table(head, lines)
 
 
 def _mean(scores: dict[str, float]) -> float:

@@ -120,7 +120,18 @@ def stage_select(r: Round, evolved: EvolveResult) -> Selection:
     tasks = train_tasks(r.bench.env, s.train_tasks, r.config.seed)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
-    return select(r.bench, r.original, order, tasks, adapter=r.base_ref, margin=s.margin, min_reward=s.min_reward)
+    return select(
+        r.bench,
+        r.original,
+        order,
+        tasks,
+        adapter=r.base_ref,
+        margin=s.margin,
+        min_reward=s.min_reward,
+        samples=s.samples,
+        max_per_task=s.max_per_task,
+        tier_ratio=s.tier_ratio,
+    )
 
 
 def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tuple[AdapterRecord, TrainResult]:

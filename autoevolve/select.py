@@ -1,13 +1,22 @@
-"""Stage 2, trajectory selection: keep evolved-config rollouts that beat the original config on the same task."""
+"""Stage 2, trajectory selection: keep evolved-config rollouts that beat the original config on the same task.
+
+Per task, each evolved config's mean reward over its samples is compared with the original config's mean; a
+config that beats it by more than the margin contributes its best samples (distinct conversations, each reaching
+``min_reward``), up to ``max_per_task``. Then no tier may keep more than ``tier_ratio`` times the items of the
+tier with the fewest, so easy tasks do not dominate. Each item names the baseline rollout it beat (the original's
+lowest-reward sample), which also makes the (chosen, rejected) pairs for preference training.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections import defaultdict
 
 from autoevolve.hcp import HCPConfig
-from autoevolve.records import SelectedTrajectory, Selection, Task, Trajectory
-from autoevolve.workbench import Workbench
+from autoevolve.records import Message, SelectedTrajectory, Selection, Task, Trajectory
+from autoevolve.workbench import Workbench, mean
 
 
 def select(
@@ -19,41 +28,31 @@ def select(
     adapter: str = "",
     margin: float = 0.0,
     min_reward: float = 0.0,
+    samples: int = 1,
+    max_per_task: int = 1,
+    tier_ratio: float | None = None,
 ) -> Selection:
-    """Pair rollouts per task; keep per task the best evolved rollout beating the original's by > margin.
-
-    A kept rollout must also reach ``min_reward``: partial successes would teach the adapter their mistakes.
+    """Pair rollouts per task and keep the evolved ones that beat the original's (see the module docstring).
 
     ``evolved`` lists the configs whose rollouts may be kept, best first: the best config is rolled out on
-    every task; rollouts of the others already in the store (from the search) are used as they are.
+    every task ``samples`` times; rollouts of the others already in the store (from the search) are used as
+    they are. A kept rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
     """
-    baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select"))
-    pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select")]
+    baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select", samples=samples))
+    pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=samples)]
     ids = [t.id for t in tasks]
     pools += [bench.store.trajectories(bench.run_id, hcp_id=h.id, adapter=adapter, task_ids=ids) for h in evolved[1:]]
-    items = []
+    by_config = [_by_task(pool) for pool in pools]
+    tiers = {t.id: t.tier for t in tasks}
+    kept: list[tuple[Trajectory, Trajectory]] = []
     for task_id, base in sorted(baseline.items()):
-        wins = [
-            t
-            for pool in pools
-            for t in pool
-            if t.task_id == task_id and t.reward > base.reward + margin and t.reward >= min_reward
-        ]
-        if not wins:
-            continue
-        win = max(wins, key=lambda t: (t.reward, -len(t.messages)))  # first of equals: the best config's
-        items.append(
-            SelectedTrajectory(
-                task_id=task_id,
-                hcp_id=win.hcp_id,
-                adapter=win.adapter,
-                sample=win.sample,
-                reward=win.reward,
-                baseline_hcp_id=base.hcp_id,
-                baseline_sample=base.sample,
-                baseline_reward=base.reward,
-            )
-        )
+        bar = mean([t.reward for t in base]) + margin
+        winners = [trajs[task_id] for trajs in by_config if mean([t.reward for t in trajs.get(task_id, [])]) > bar]
+        wins = [t for trajs in winners for t in trajs]
+        worst = min(base, key=lambda t: t.reward)  # first of equals
+        kept += [(t, worst) for t in _best_distinct(wins, min_reward, max_per_task)]
+    kept = _balance(kept, tiers, tier_ratio)
+    items = [_item(win, base) for win, base in kept]
     selection = Selection(
         id=_selection_id(bench.run_id, bench.round, items),
         run_id=bench.run_id,
@@ -67,22 +66,83 @@ def select(
     return selection
 
 
-def selected_trajectories(bench: Workbench, selection: Selection) -> list[Trajectory]:
-    """The stored rollouts a selection kept, in its order."""
-    out = []
-    for item in selection.items:
-        found = bench.store.trajectories(
-            selection.run_id, hcp_id=item.hcp_id, adapter=item.adapter, task_ids=[item.task_id]
-        )
-        out += [t for t in found if t.sample == item.sample]
+def _best_distinct(wins: list[Trajectory], min_reward: float, limit: int) -> list[Trajectory]:
+    """Up to ``limit`` highest-reward rollouts (shorter first among equals), no two with the same conversation."""
+    out, seen = [], set()
+    for t in sorted(wins, key=lambda t: (-t.reward, len(t.messages))):  # stable: the best config's come first
+        text = json.dumps([m.model_dump(exclude={"tool_calls"}) | {"calls": _calls(m)} for m in t.messages])
+        if t.reward < min_reward or text in seen:
+            continue
+        seen.add(text)
+        out.append(t)
+        if len(out) == limit:
+            break
     return out
 
 
-def _by_task(trajs: list[Trajectory]) -> dict[str, Trajectory]:
-    """The first sample of each task."""
-    out: dict[str, Trajectory] = {}
+def _calls(message: Message) -> list[tuple[str, str]]:
+    """A message's calls without their ids (ids differ between otherwise identical conversations)."""
+    return [(c.name, json.dumps(c.arguments, sort_keys=True)) for c in message.tool_calls]
+
+
+def _balance(
+    kept: list[tuple[Trajectory, Trajectory]], tiers: dict[str, int], ratio: float | None
+) -> list[tuple[Trajectory, Trajectory]]:
+    """Cap each tier at ``ratio`` x the smallest tier's count, keeping the largest gains over the baseline."""
+    if ratio is None:
+        return kept
+    by_tier: dict[int, list[tuple[Trajectory, Trajectory]]] = defaultdict(list)
+    for pair in kept:
+        by_tier[tiers[pair[0].task_id]].append(pair)
+    if len(by_tier) < 2:
+        return kept
+    cap = max(1, math.floor(ratio * min(len(v) for v in by_tier.values())))
+    out = []
+    for pairs in by_tier.values():
+        out += sorted(pairs, key=lambda p: (p[1].reward - p[0].reward, p[0].task_id))[:cap]
+    return sorted(out, key=lambda p: (p[0].task_id, -p[0].reward))
+
+
+def _item(win: Trajectory, base: Trajectory) -> SelectedTrajectory:
+    """The record of one kept rollout and the baseline rollout it beat."""
+    return SelectedTrajectory(
+        task_id=win.task_id,
+        hcp_id=win.hcp_id,
+        adapter=win.adapter,
+        sample=win.sample,
+        reward=win.reward,
+        baseline_hcp_id=base.hcp_id,
+        baseline_sample=base.sample,
+        baseline_reward=base.reward,
+    )
+
+
+def selected_trajectories(bench: Workbench, selection: Selection) -> list[Trajectory]:
+    """The stored rollouts a selection kept, in its order."""
+    return [_stored(bench, selection, i.task_id, i.hcp_id, i.sample) for i in selection.items]
+
+
+def preference_pairs(bench: Workbench, selection: Selection) -> list[tuple[Trajectory, Trajectory]]:
+    """(chosen, rejected) for preference training: a kept rollout and the original's failed one on its task."""
+    return [
+        (_stored(bench, selection, i.task_id, i.hcp_id, i.sample),
+         _stored(bench, selection, i.task_id, i.baseline_hcp_id, i.baseline_sample))
+        for i in selection.items
+        if i.baseline_reward < 1.0 and i.baseline_reward < i.reward
+    ]  # fmt: skip
+
+
+def _stored(bench: Workbench, selection: Selection, task_id: str, hcp_id: str, sample: int) -> Trajectory:
+    """One stored rollout of the selection's run and adapter."""
+    found = bench.store.trajectories(selection.run_id, hcp_id=hcp_id, adapter=selection.adapter, task_ids=[task_id])
+    return next(t for t in found if t.sample == sample)
+
+
+def _by_task(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    """Rollouts grouped by task, in their order."""
+    out: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajs:
-        out.setdefault(t.task_id, t)
+        out[t.task_id].append(t)
     return out
 
 

@@ -64,3 +64,43 @@ def test_a_store_held_by_a_running_round_is_one_clear_line(searched) -> None:
         done = _cli("candidates", "r", "--store", str(path))
     assert done.returncode == 2 and "is held by another process (PID" in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_selections_lists_items_and_preference_pairs(env, original, tmp_path) -> None:
+    from autoevolve.select import select
+    from autoevolve.workbench import Workbench
+
+    path = tmp_path / "s.duckdb"
+    train = [t for t in env.tasks("train") if t.goal["kind"] == "table"][:3]
+    evolved = original.model_copy(update={"demos": _demos(env)})
+    with Store(path) as store:
+        store.put_run("r", {})
+        bench = Workbench(DemoLearner(env), env, store, run_id="r", progress=None)
+        selection = select(bench, original, [evolved], train, min_reward=1.0)
+    done = _cli("selections", "r", "--store", str(path))
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()
+    assert header.split() == [
+        "round",
+        "selection",
+        "baseline",
+        "evolved",
+        "adapter",
+        "items",
+        "tasks",
+        "pairs",
+        "mean_gain",
+    ]
+    assert row.split()[1] == selection.id and row.split()[5:] == ["3", "3", "3", "1.000"]
+    items = _cli("selections", "r", "--items", "--store", str(path)).stdout.splitlines()
+    assert len(items) == 1 + 3 and all(train[i].id in items[1 + i] for i in range(3))
+    missing = _cli("selections", "other", "--store", str(path))
+    assert missing.returncode == 2 and "no selections for run 'other'" in missing.stderr
+
+
+def _demos(env):
+    """Two labelled demos: enough for DemoLearner to book."""
+    from autoevolve.hcp import Demo, Demos
+
+    refs = [t for t in env.tasks("train") if t.goal["kind"] == "table"][5:7]
+    return Demos(items=[Demo(task_id=t.id, messages=env.reference(t)) for t in refs])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
-from autoevolve.select import select, selected_trajectories
+from autoevolve.select import preference_pairs, select, selected_trajectories
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 
@@ -57,3 +57,67 @@ def test_keeps_wins_over_the_original_on_the_same_task(tmp_path) -> None:
     ]
     assert [t.reward for t in kept] == [1.0, 1.0] and kept[0].hcp_id == best.id
     assert len(loose.items) == 3 and loose.id != selection.id
+
+
+def _put(store: Store, hcp: HCPConfig, task_id: str, rewards: list[float], texts: list[str] | None = None) -> None:
+    """Store one rollout per sample of a task under a config."""
+    texts = texts or [f"{hcp.id}-{i}" for i in range(len(rewards))]
+    store.put_trajectories(
+        [
+            _traj(hcp, task_id, r).model_copy(
+                update={
+                    "sample": i,
+                    "messages": [Message(role="user", content="x"), Message(role="assistant", content=t)],
+                }
+            )
+            for i, (r, t) in enumerate(zip(rewards, texts, strict=True))
+        ]
+    )
+
+
+def test_means_over_samples_decide_and_duplicates_are_dropped(tmp_path) -> None:
+    env = LifeEnv(tiers=(1,))
+    t0, t1 = env.tasks("train")[:2]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    best = original.model_copy(update={"tool_format": "python"})
+    other = original.model_copy(update={"tool_format": "json"})
+    with Store(tmp_path / "s.duckdb") as store:
+        _put(store, original, t0.id, [1.0, 0.0])  # mean 0.5
+        _put(store, best, t0.id, [1.0, 0.0])  # mean 0.5: one lucky sample is not a win
+        _put(store, other, t0.id, [1.0, 1.0], ["same", "same"])  # mean 1.0: a win, but one conversation
+        _put(store, original, t1.id, [0.0, 0.0])
+        _put(store, best, t1.id, [1.0, 1.0])  # two distinct wins
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        one = select(bench, original, [best, other], [t0, t1], samples=2, min_reward=1.0)
+        two = select(bench, original, [best, other], [t0, t1], samples=2, min_reward=1.0, max_per_task=2)
+        pairs = preference_pairs(bench, two)
+    assert [(i.task_id, i.hcp_id, i.sample) for i in one.items] == [(t0.id, other.id, 0), (t1.id, best.id, 0)]
+    assert [(i.task_id, i.hcp_id, i.sample) for i in two.items] == [
+        (t0.id, other.id, 0),
+        (t1.id, best.id, 0),
+        (t1.id, best.id, 1),
+    ]
+    assert [(i.baseline_sample, i.baseline_reward) for i in two.items] == [(1, 0.0), (0, 0.0), (0, 0.0)]
+    assert [(c.hcp_id, c.reward, r.hcp_id, r.reward) for c, r in pairs] == [
+        (other.id, 1.0, original.id, 0.0),
+        (best.id, 1.0, original.id, 0.0),
+        (best.id, 1.0, original.id, 0.0),
+    ]
+
+
+def test_no_tier_dominates_the_selection(tmp_path) -> None:
+    env = LifeEnv(tiers=(1, 2))
+    ones = [t for t in env.tasks("train") if t.tier == 1][:4]
+    two = next(t for t in env.tasks("train") if t.tier == 2)
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    best = original.model_copy(update={"tool_format": "python"})
+    with Store(tmp_path / "s.duckdb") as store:
+        for task, base in zip([*ones, two], [0.5, 0.0, 0.5, 0.0, 0.0], strict=True):
+            _put(store, original, task.id, [base])
+            _put(store, best, task.id, [1.0])
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        capped = select(bench, original, [best], [*ones, two], min_reward=1.0, tier_ratio=2.0)
+        free = select(bench, original, [best], [*ones, two], min_reward=1.0, tier_ratio=None)
+    assert len(free.items) == 5
+    # Tier 2 kept one item, so tier 1 keeps 2: the two largest gains (baseline 0.0, not 0.5).
+    assert sorted(i.task_id for i in capped.items) == sorted([ones[1].id, ones[3].id, two.id])
