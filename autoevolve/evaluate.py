@@ -1,9 +1,14 @@
-"""The gate and the held-out table: {base, new adapter} x {original, evolved config}.
+"""The gate and the held-out table: {base, new adapter} x {original, evolved config}, with bootstrap intervals.
 
-The promotion decision is made on dev tasks only; test tasks fill the report and decide nothing.
+The promotion decision is made on dev tasks only: the new adapter with the original config must beat the base
+with it, and the paired bootstrap 95% interval of that gain must lie above zero. Test tasks fill the report and
+decide nothing. Retention = gain / (base_evolved - base_original): how much of what the evolved prompt gave the
+base model the adapter now gives with the short original prompt.
 """
 
 from __future__ import annotations
+
+import random
 
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Cell, EvalReport, Task
@@ -12,52 +17,84 @@ from autoevolve.workbench import Workbench, mean
 CELLS = ("base_original", "base_evolved", "adapter_original", "adapter_evolved")
 
 
+BOOTSTRAP = 2000  # resamples; the interval's ends move by well under 0.01 between seeds at this count
+
+
+def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap 95% interval of the mean (tasks resampled with replacement)."""
+    if not values:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(BOOTSTRAP))
+    return (round(means[int(0.025 * BOOTSTRAP)], 4), round(means[int(0.975 * BOOTSTRAP) - 1], 4))
+
+
 def cells(
     bench: Workbench,
     tasks: list[Task],
     configs: dict[str, HCPConfig],
     adapters: dict[str, str],
-    names: tuple[str, ...],
     stage: str,
-) -> dict[str, Cell]:
-    """Score each named cell ('<adapter key>_<config key>') on the tasks."""
-    out = {}
-    for name in names:
-        adapter_key, config_key = name.split("_", 1)
-        hcp, adapter = configs[config_key], adapters[adapter_key]
-        trajs = bench.rollouts(hcp, tasks, adapter=adapter, stage=stage)
-        out[name] = Cell(
-            adapter=adapter,
-            hcp_id=hcp.id,
-            mean=mean([t.reward for t in trajs]),
-            n=len(trajs),
-            prompt_tokens=mean([float(t.prompt_tokens) for t in trajs]),
-        )
-    return out
+) -> tuple[dict[str, Cell], dict[str, list[float]]]:
+    """Every cell ('<adapter key>_<config key>') on the tasks, and each cell's rewards in task order."""
+    table, rewards = {}, {}
+    for adapter_key, adapter in adapters.items():
+        for config_key, hcp in configs.items():
+            trajs = bench.rollouts(hcp, tasks, adapter=adapter, stage=stage)
+            name = f"{adapter_key}_{config_key}"
+            rewards[name] = [t.reward for t in trajs]
+            table[name] = Cell(
+                adapter=adapter,
+                hcp_id=hcp.id,
+                mean=mean(rewards[name]),
+                n=len(trajs),
+                ci=bootstrap_ci(rewards[name], bench.seed),
+                prompt_tokens=mean([float(t.prompt_tokens) for t in trajs]),
+            )
+    return table, rewards
+
+
+def compare(bench: Workbench, split: str, table: dict[str, Cell], rewards: dict[str, list[float]]) -> EvalReport:
+    """The report of a 2x2: the paired gain of the adapter under the original config, its interval, retention."""
+    diffs = [a - b for a, b in zip(rewards["adapter_original"], rewards["base_original"], strict=True)]
+    prompt_gain = table["base_evolved"].mean - table["base_original"].mean
+    gain = mean(diffs)
+    return EvalReport(
+        run_id=bench.run_id,
+        round=bench.round,
+        split=split,
+        cells=table,
+        decision="report",
+        reason="",
+        gain=gain,
+        gain_ci=bootstrap_ci(diffs, bench.seed),
+        retention=gain / prompt_gain if prompt_gain > 0 else None,
+    )
 
 
 def gate(
     bench: Workbench,
     original: HCPConfig,
+    evolved: HCPConfig,
     base: str,
     candidate: str,
     dev_tasks: list[Task],
     min_gain: float = 0.0,
 ) -> EvalReport:
-    """Promote only if the candidate adapter with the original config beats the base with it on dev."""
-    configs, adapters = {"original": original}, {"base": base, "adapter": candidate}
-    table = cells(bench, dev_tasks, configs, adapters, ("base_original", "adapter_original"), "gate")
-    gain = table["adapter_original"].mean - table["base_original"].mean
-    verdict = "promote" if gain > min_gain else "reject"
-    words = "beats" if verdict == "promote" else "does not beat"
+    """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its 95% interval lies above zero."""
+    configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
+    report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate"))
+    low, high = report.gain_ci
+    promote = report.gain > min_gain and low > 0
+    c = report.cells
+    why = "" if promote else (" (needs a gain above the minimum)" if report.gain <= min_gain else " (touches zero)")
     reason = (
-        f"{candidate} + original config scores {table['adapter_original'].mean:.3f} on {len(dev_tasks)} dev tasks, "
-        f"{gain:+.3f} vs {base or 'base'} + original ({table['base_original'].mean:.3f}); "
-        f"it {words} the required gain of more than {min_gain:.3f}"
+        f"{candidate} + original config scores {c['adapter_original'].mean:.3f} on {len(dev_tasks)} dev tasks vs "
+        f"{base or 'base'} + original {c['base_original'].mean:.3f}: gain {report.gain:+.3f}, 95% CI "
+        f"[{low:+.3f}, {high:+.3f}]{why}; required: gain > {min_gain:.3f} and CI above 0"
     )
-    report = EvalReport(
-        run_id=bench.run_id, round=bench.round, split="dev", cells=table, decision=verdict, reason=reason
-    )
+    report = report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason})
     bench.store.put_evaluation(report)
     return report
 
@@ -67,15 +104,9 @@ def held_out(
 ) -> EvalReport:
     """The full 2x2 on test tasks, for the report only."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
-    table = cells(bench, test_tasks, configs, adapters, CELLS, "report")
-    report = EvalReport(
-        run_id=bench.run_id,
-        round=bench.round,
-        split="test",
-        cells=table,
-        decision="report",
-        reason=f"held-out table on {len(test_tasks)} test tasks; it decides nothing",
-    )
+    report = compare(bench, "test", *cells(bench, test_tasks, configs, adapters, "report"))
+    reason = f"held-out table on {len(test_tasks)} test tasks; it decides nothing"
+    report = report.model_copy(update={"reason": reason})
     bench.store.put_evaluation(report)
     return report
 
@@ -83,11 +114,19 @@ def held_out(
 def format_table(report: EvalReport) -> str:
     """The 2x2 as aligned text with mean prompt tokens per config."""
     c = report.cells
-    rows = [f"{'':<16}{'original config':>18}{'evolved config':>18}"]
+    rows = [f"{'':<16}{'original config':>24}{'evolved config':>24}"]
     for key, label in (("base", "base model"), ("adapter", "new adapter")):
         vals = [c.get(f"{key}_{cfg}") for cfg in ("original", "evolved")]
-        rows.append(f"{label:<16}" + "".join(f"{v.mean:>18.3f}" if v else f"{'-':>18}" for v in vals))
+        rows.append(f"{label:<16}" + "".join(f"{_with_ci(v):>24}" if v else f"{'-':>24}" for v in vals))
     tokens = [c.get(f"base_{cfg}") for cfg in ("original", "evolved")]
-    rows.append(f"{'prompt tokens':<16}" + "".join(f"{v.prompt_tokens:>18.0f}" if v else f"{'-':>18}" for v in tokens))
+    rows.append(f"{'prompt tokens':<16}" + "".join(f"{v.prompt_tokens:>24.0f}" if v else f"{'-':>24}" for v in tokens))
     n = next(iter(c.values())).n if c else 0
-    return f"{report.split} split, {n} tasks, mean reward\n" + "\n".join(rows)
+    low, high = report.gain_ci
+    retention = "-" if report.retention is None else f"{report.retention:.2f}"
+    tail = f"gain {report.gain:+.3f} [{low:+.3f}, {high:+.3f}], retention {retention}"
+    return f"{report.split} split, {n} tasks, mean reward [95% CI]\n" + "\n".join(rows) + f"\n{tail}"
+
+
+def _with_ci(cell: Cell) -> str:
+    """A cell's mean and interval."""
+    return f"{cell.mean:.3f} [{cell.ci[0]:.2f}, {cell.ci[1]:.2f}]"

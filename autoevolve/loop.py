@@ -163,10 +163,10 @@ def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tupl
     return record, result
 
 
-def stage_gate(r: Round, record: AdapterRecord) -> tuple[EvalReport, AdapterRecord]:
+def stage_gate(r: Round, evolved: EvolveResult, record: AdapterRecord) -> tuple[EvalReport, AdapterRecord]:
     """Gate on dev: promote A_{r+1} only if it beats A_r under the original config; record why either way."""
     dev = r.bench.env.tasks("dev")[: r.config.gate.dev_tasks]
-    report = gate(r.bench, r.original, r.base_ref, record.ref, dev, r.config.gate.min_gain)
+    report = gate(r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain)
     return report, registry.decide(r.bench.store, record, report)
 
 
@@ -219,6 +219,10 @@ def write_report(
     if test is not None and dev is not None:
         c = test.cells
         report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
+        report["eval_ci"] = {name: list(c[name].ci) for name in CELLS}
+        report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci)}
+        report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci)}
+        report["retention"] = {"test": test.retention, "dev": dev.retention}
         report["prompt_tokens"] = {
             "original": c["base_original"].prompt_tokens,
             "evolved": c["base_evolved"].prompt_tokens,

@@ -186,6 +186,7 @@ class Cell(BaseModel):
     hcp_id: str
     mean: float
     n: int
+    ci: tuple[float, float] = Field(default=(0.0, 0.0), description="Bootstrap 95% interval of the mean over tasks.")
     prompt_tokens: float = Field(default=0.0, description="Mean prompt tokens of the first model call.")
 
 
@@ -198,3 +199,8 @@ class EvalReport(Record):
     cells: dict[str, Cell] = Field(description="Keys: base_original, base_evolved, adapter_original, adapter_evolved.")
     decision: Literal["promote", "reject", "report"]
     reason: str
+    gain: float = Field(default=0.0, description="adapter_original - base_original: what distillation added.")
+    gain_ci: tuple[float, float] = Field(default=(0.0, 0.0), description="Paired bootstrap 95% interval of the gain.")
+    retention: float | None = Field(
+        default=None, description="gain / (base_evolved - base_original); None when the evolved config gained nothing."
+    )

@@ -46,6 +46,9 @@ def decide(store: Store, record: AdapterRecord, report: EvalReport) -> AdapterRe
         "decision": report.decision,
         "reason": report.reason,
         "cells": {k: c.mean for k, c in report.cells.items()},
+        "gain": report.gain,
+        "gain_ci": list(report.gain_ci),
+        "retention": report.retention,
     }
     if report.decision != "promote":
         rejected = record.model_copy(update={"status": "rejected", "reason": report.reason, "eval": summary})

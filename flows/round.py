@@ -38,9 +38,9 @@ def distill_stage(r: loop.Round, evolved, selection):
 
 
 @stage
-def gate_stage(r: loop.Round, record):
+def gate_stage(r: loop.Round, evolved, record):
     """The promotion gate on dev tasks."""
-    return loop.timed(r, "gate", loop.stage_gate, r, record)
+    return loop.timed(r, "gate", loop.stage_gate, r, evolved, record)
 
 
 @stage
@@ -61,13 +61,15 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
             print(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
             return report
         record, train = distill_stage(r, evolved, selection)
-        dev, record = gate_stage(r, record)
+        dev, record = gate_stage(r, evolved, record)
         test = report_stage(r, evolved, record)
         report = loop.write_report(r, evolved, selection, record, train, dev, test)
     finally:
         r.bench.store.close()
     print(format_table(test))
     print(f"gate (dev): {dev.decision}: {dev.reason}")
+    if test.retention is not None:
+        print(f"retention (test): {test.retention:.2f} of the evolved prompt's gain kept with the original prompt")
     print(f"report: {r.run_dir / 'report.json'}")
     return report
 

@@ -1,0 +1,79 @@
+"""The gate: bootstrap intervals, the paired gain that must clear zero, retention (stored rollouts, no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoevolve.envs.life import LifeEnv
+from autoevolve.evaluate import bootstrap_ci, format_table, gate, held_out
+from autoevolve.hcp import HCPConfig
+from autoevolve.records import Message, Trajectory
+from autoevolve.store import Store
+from autoevolve.workbench import Workbench
+from tests.test_select import NoCalls
+
+
+def test_bootstrap_interval_is_seeded_and_narrows_with_more_tasks() -> None:
+    assert bootstrap_ci([1.0] * 10) == (1.0, 1.0) and bootstrap_ci([]) == (0.0, 0.0)
+    small = bootstrap_ci([0.0, 1.0] * 20, seed=3)
+    assert small == bootstrap_ci([0.0, 1.0] * 20, seed=3)
+    assert small[0] < 0.5 < small[1] and 0.2 < small[1] - small[0] < 0.4  # about 2 x 1.96 x 0.5 / sqrt(40)
+    large = bootstrap_ci([0.0, 1.0] * 200, seed=3)
+    assert large[1] - large[0] < (small[1] - small[0]) / 2
+
+
+def _gate(tmp_path, adapter_wins: list[float], evolved_rewards: list[float]):
+    """Gate a candidate whose per-task rewards under the original config are ``adapter_wins`` (base: all 0)."""
+    env = LifeEnv(tiers=(1,))
+    tasks = env.tasks("dev")[: len(adapter_wins)]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    evolved = original.model_copy(update={"tool_format": "python"})
+    rows = [
+        ("", original, [0.0] * len(tasks)),
+        ("", evolved, evolved_rewards),
+        ("L1@v2", original, adapter_wins),
+        ("L1@v2", evolved, [1.0] * len(tasks)),
+    ]
+    with Store(tmp_path / "s.duckdb") as store:
+        for adapter, hcp, rewards in rows:
+            store.put_trajectories(
+                [
+                    Trajectory(
+                        run_id="r",
+                        task_id=t.id,
+                        split="dev",
+                        hcp_id=hcp.id,
+                        adapter=adapter,
+                        reward=reward,
+                        messages=[Message(role="user", content=t.request)],
+                    )
+                    for t, reward in zip(tasks, rewards, strict=True)
+                ]
+            )
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        report = gate(bench, original, evolved, "", "L1@v2", tasks)
+        test = held_out(bench, original, evolved, "", "L1@v2", tasks)
+        assert store.evaluations("r")[0] == report
+    return report, test
+
+
+def test_a_clear_gain_is_promoted_with_its_retention(tmp_path) -> None:
+    report, test = _gate(tmp_path, [1.0] * 8, [1.0] * 4 + [0.0] * 4)
+    assert report.decision == "promote" and report.gain == 1.0 and report.gain_ci == (1.0, 1.0)
+    assert report.retention == pytest.approx(2.0)  # the adapter gained 1.0 where the evolved prompt gained 0.5
+    assert set(report.cells) == {"base_original", "base_evolved", "adapter_original", "adapter_evolved"}
+    assert report.cells["base_evolved"].ci[0] < 0.5 < report.cells["base_evolved"].ci[1]
+    assert test.decision == "report" and "gain +1.000 [+1.000, +1.000], retention 2.00" in format_table(test)
+
+
+def test_a_gain_whose_interval_touches_zero_is_rejected(tmp_path) -> None:
+    report, _ = _gate(tmp_path, [1.0] + [0.0] * 7, [0.0] * 8)
+    assert report.gain == 0.125 and report.gain_ci[0] == 0.0
+    assert report.decision == "reject" and "(touches zero)" in report.reason
+    assert report.retention is None  # the evolved config gained nothing to retain
+
+
+def test_a_loss_is_rejected(tmp_path) -> None:
+    report, _ = _gate(tmp_path, [0.0] * 8, [1.0] * 8)
+    assert report.decision == "reject" and report.gain == 0.0 and report.retention == 0.0
+    assert "(needs a gain above the minimum)" in report.reason
