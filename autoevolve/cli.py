@@ -1,6 +1,6 @@
 """The ``autoevolve`` command.
 
-autoevolve run configs/quickstart.yaml    one self-evolution round (a Prefect flow, no server needed)
+autoevolve run configs/quickstart.yaml    self-evolution rounds (Prefect flows, no server needed)
 autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, do nothing else
 autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
 autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _RUN_HELP = (
-    "Run one round: prompt evolution on train tasks, selection of the rollouts the best config unlocked, "
-    "LoRA distillation under the original config, the dev gate, and the 2x2 report on test tasks. "
-    "Writes report.json under run_dir/run_id."
+    "Run the config's rounds (1 unless it sets rounds: N), each: prompt evolution on train tasks, selection of "
+    "the rollouts the best config unlocked, LoRA distillation under the original config, the dev gate, and the "
+    "2x2 report on test tasks. Writes report.json (the last round) and rounds.json under run_dir/run_id."
 )
 
 
@@ -98,9 +98,9 @@ def _run(config: RunConfig) -> int:
     """Run the round flow (imported here: the library itself never imports Prefect)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry writes racing the flow
-    from flows.round import round_flow
+    from flows.loop import loop_flow
 
-    round_flow(config)
+    loop_flow(config)
     return 0
 
 

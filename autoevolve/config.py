@@ -163,6 +163,7 @@ class RunConfig(Section):
     seed: int = 0
     hcp: Path = Field(description="YAML file of the original HCP config.")
     expert: str = Field(default="L1-life", description="Registry name of the LoRA expert being improved.")
+    rounds: int = Field(default=1, gt=0, description="Rounds run in turn, each from the last promoted adapter.")
     store: Path = Field(default=Path("trajectories/autoevolve.duckdb"))
     run_dir: Path = Field(default=Path("trajectories/runs"), description="Reports and adapters go in run_dir/run_id.")
     env: EnvSettings = Field(default_factory=EnvSettings)

@@ -237,3 +237,41 @@ def write_report(
     r.run_dir.mkdir(parents=True, exist_ok=True)
     (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def round_row(report: dict[str, Any]) -> dict[str, Any]:
+    """One round's line of the loop summary: decision, test 2x2 with intervals, gain, retention, cost."""
+    return {
+        "round": report["round"],
+        "adapter": report["adapter"],
+        "promoted": report["promoted"],
+        "decision": report.get("gate", {}).get("decision", "nothing selected"),
+        "eval": report.get("eval"),
+        "eval_ci": report.get("eval_ci"),
+        "gain": report.get("gain"),
+        "retention": report.get("retention"),
+        "prompt_tokens": report.get("prompt_tokens"),
+        "rollouts": report["rollouts"],
+        "train_seconds": (report.get("train") or {}).get("seconds"),
+    }
+
+
+def write_rounds(config: RunConfig, reports: list[dict[str, Any]]) -> Path:
+    """Write rounds.json (one row per round) in the run folder; returns its path."""
+    path = Path(config.run_dir) / str(config.run_id) / "rounds.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([round_row(r) for r in reports], indent=2))
+    return path
+
+
+def format_rounds(reports: list[dict[str, Any]]) -> str:
+    """The loop summary as aligned text: per round, the test score of adapter + original config and the decision."""
+    lines = [f"{'round':<7}{'adapter':<16}{'decision':<18}{'adapter+original':>18}{'retention':>11}{'rollouts':>10}"]
+    for row in map(round_row, reports):
+        score = f"{row['eval']['adapter_original']:.3f}" if row["eval"] else "-"
+        kept = (row["retention"] or {}).get("test")
+        lines.append(
+            f"{row['round']:<7}{row['adapter'] or '-':<16}{row['decision']:<18}{score:>18}"
+            f"{'-' if kept is None else f'{kept:.2f}':>11}{row['rollouts']:>10}"
+        )
+    return "\n".join(lines)

@@ -31,3 +31,25 @@ def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, 
         assert store.count_trajectories("tiny") == report["rollouts"] == 4 + 4 * 2
         assert report["evolve"]["budget"]["rollouts"] == 12 and report["evolve"]["budget"]["stop"] == "candidates"
         assert len(store.selections("tiny")) == 1 and store.adapters() == []
+
+
+def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
+    from flows.loop import loop_flow
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        f"run_id: tiny\nrounds: 2\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\n"
+        f"run_dir: {tmp_path}/runs\nmodel: {{name: {tiny_model_dir}, batch_size: 8}}\n"
+        "env: {tiers: [1], n_train: 16, n_dev: 4, n_test: 4}\n"
+        "evolve: {train_tasks: 8, minibatch: 4, candidates: 1, mutators: [tool_format]}\nselect: {train_tasks: 4}\n"
+    )
+    reports = loop_flow(load_config(path))
+    assert [r["round"] for r in reports] == [0, 1]
+    rows = json.loads((tmp_path / "runs" / "tiny" / "rounds.json").read_text())
+    assert [(r["round"], r["decision"], r["adapter"]) for r in rows] == [
+        (0, "nothing selected", None),
+        (1, "nothing selected", None),
+    ]
+    with Store(tmp_path / "s.duckdb", read_only=True) as store:
+        second = [c for c in store.candidates("tiny") if c.round == 1]
+    assert [c.mutator for c in second] == ["seed", "tool_format"]  # round 1 searched and recorded its own ledger

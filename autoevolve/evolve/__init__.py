@@ -70,7 +70,8 @@ def evolve(
             f"x {settings.samples} samples; raise it or lower evolve.dev_tasks"
         )
     search.seed(original)
-    stop = search.run(mutators, train, random.Random(bench.seed))
+    rng = random.Random(bench.seed + 1000 * bench.round)  # a later round searches afresh, round 0 as seeded
+    stop = search.run(mutators, train, rng)
     best = max(search.pool, key=lambda c: c.mean_reward)  # the first of equals: the seed wins ties
     return EvolveResult(
         search.configs[best.hcp_id], original, search.ledger, search.configs, search.budget.report(stop)
