@@ -1,4 +1,4 @@
-"""The Prefect round flow on a tiny random model: every stage runs, and a round with nothing selected says so."""
+"""The round and loop flows on a tiny random model: nothing selected is said so; rounds run in turn."""
 
 from __future__ import annotations
 
@@ -11,16 +11,21 @@ from autoevolve.store import Store
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
-    from flows.round import round_flow
-
+def _tiny_config(tmp_path: Path, model_dir: Path, extra: str = ""):
+    """A run config on the tiny random model: 4 dev and test tasks, one tool_format child, nothing to select."""
     path = tmp_path / "tiny.yaml"
     path.write_text(
         f"run_id: tiny\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"
-        f"model: {{name: {tiny_model_dir}, batch_size: 8}}\nenv: {{tiers: [1], n_train: 16, n_dev: 4, n_test: 4}}\n"
-        "evolve: {train_tasks: 4, candidates: 1, mutators: [tool_format]}\nselect: {train_tasks: 4}\n"
+        f"model: {{name: {model_dir}, batch_size: 8}}\nenv: {{tiers: [1], n_train: 16, n_dev: 4, n_test: 4}}\n"
+        "evolve: {train_tasks: 4, candidates: 1, mutators: [tool_format]}\nselect: {train_tasks: 4}\n" + extra
     )
-    report = round_flow(load_config(path))
+    return load_config(path)
+
+
+def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
+    from flows.round import round_flow
+
+    report = round_flow(_tiny_config(tmp_path, tiny_model_dir))
     assert report["selected"] == 0 and report["adapter"] is None and "eval" not in report
     assert [c["mutator"] for c in report["candidates"]] == ["seed", "tool_format"]
     assert set(report["seconds"]) == {"evolve", "select"}
@@ -36,14 +41,7 @@ def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, 
 def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
     from flows.loop import loop_flow
 
-    path = tmp_path / "tiny.yaml"
-    path.write_text(
-        f"run_id: tiny\nrounds: 2\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\n"
-        f"run_dir: {tmp_path}/runs\nmodel: {{name: {tiny_model_dir}, batch_size: 8}}\n"
-        "env: {tiers: [1], n_train: 16, n_dev: 4, n_test: 4}\n"
-        "evolve: {train_tasks: 8, minibatch: 4, candidates: 1, mutators: [tool_format]}\nselect: {train_tasks: 4}\n"
-    )
-    reports = loop_flow(load_config(path))
+    reports = loop_flow(_tiny_config(tmp_path, tiny_model_dir, "rounds: 2\n"))
     assert [r["round"] for r in reports] == [0, 1]
     rows = json.loads((tmp_path / "runs" / "tiny" / "rounds.json").read_text())
     assert [(r["round"], r["decision"], r["adapter"]) for r in rows] == [
