@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from autoevolve.distill import SFTSettings
+from autoevolve.distill.dpo import DPOSettings
 from autoevolve.hcp import COMPONENTS, HCPConfig
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
@@ -148,6 +148,14 @@ class SelectSettings(Section):
     )
 
 
+class DistillSettings(DPOSettings):
+    """Stage 3: the trainer and its hyper-parameters (``beta`` is used by DPO only)."""
+
+    trainer: Literal["sft", "dpo"] = Field(
+        default="sft", description="sft: the kept rollouts; dpo: (kept rollout, original's failed rollout) pairs."
+    )
+
+
 class GateSettings(Section):
     """The promotion gate (dev split) and the report (test split)."""
 
@@ -170,7 +178,7 @@ class RunConfig(Section):
     model: ModelSettings = Field(default_factory=ModelSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
     select: SelectSettings = Field(default_factory=SelectSettings)
-    distill: SFTSettings = Field(default_factory=SFTSettings)
+    distill: DistillSettings = Field(default_factory=DistillSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
 
     def original_hcp(self) -> HCPConfig:

@@ -22,6 +22,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 def test_quickstart_loads() -> None:
     config = load_config(ROOT / "configs/quickstart.yaml")
+    assert config.distill.trainer == "sft" and config.rounds == 1
     assert config.run_id == "quickstart" and config.gate.test_tasks >= 64
     assert config.original_hcp().tool_names[1] == "book_table"
 
@@ -45,6 +46,11 @@ def test_quickstart_loads() -> None:
             "evolve.frozen: Value error, unknown component 'tool'",
         ),
         (f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall}}\n", "env.path: the fncall environment needs a BFCL"),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: ppo}}\n",
+            "distill.trainer: Input should be 'sft' or 'dpo'",
+        ),
+        (f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{beta: 0}}\n", "distill.beta: Input should be greater than 0"),
         (
             f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, path: nope.jsonl}}\n",
             "env.path: file nope.jsonl not",

@@ -1,0 +1,111 @@
+"""Preference distillation: TRL DPO with a PEFT LoRA on (chosen, rejected) pairs rendered under the original config.
+
+Chosen is an evolved-config rollout that succeeded, rejected the original config's failed rollout on the same
+task (``select.preference_pairs``). Both are re-rendered under the ORIGINAL config, so the shared prompt is what
+the served expert sees and only the completions differ. The reference model is the base with the adapter
+switched off (TRL's default for a PEFT model).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from autoevolve.distill.dataset import render_examples
+from autoevolve.distill.sft import SFTSettings, TrainResult, _save, _with_adapter
+from autoevolve.hcp import HCPConfig
+from autoevolve.model import base_model_id, load
+from autoevolve.records import Task, Trajectory
+
+
+class DPOSettings(SFTSettings):
+    """Hyper-parameters of one LoRA DPO run (the SFT ones, plus the preference temperature)."""
+
+    beta: float = Field(default=0.1, gt=0, description="DPO beta: how far the adapter may move from the reference.")
+
+
+def preference_examples(
+    pairs: list[tuple[Trajectory, Trajectory]], tasks: dict[str, Task], original: HCPConfig
+) -> list[dict[str, list[dict]]]:
+    """Conversational DPO rows {prompt, chosen, rejected}; pairs whose rejected side has no reply are skipped."""
+    rows = []
+    for chosen, rejected in pairs:
+        if not any(m.role == "assistant" for m in rejected.messages):
+            continue  # a backend error left nothing to prefer against
+        good, bad = render_examples([chosen, rejected], tasks, original)
+        cut = next(i for i, m in enumerate(good) if m["role"] == "assistant")
+        if bad[:cut] != good[:cut]:
+            raise ValueError(f"pair on task {chosen.task_id}: the two rollouts do not share a prompt")
+        rows.append({"prompt": good[:cut], "chosen": good[cut:], "rejected": bad[cut:]})
+    return rows
+
+
+def train_dpo(
+    rows: list[dict[str, list[dict]]],
+    model_name: str,
+    out_dir: str | Path,
+    settings: DPOSettings,
+    init_adapter: str | None = None,
+) -> TrainResult:
+    """Train a LoRA adapter with DPO (continuing from ``init_adapter`` if given) and save it to ``out_dir``."""
+    import torch
+    from datasets import Dataset
+    from transformers import set_seed
+    from trl import DPOTrainer
+
+    if not rows:
+        raise ValueError("no preference pairs to train on (every kept rollout's baseline succeeded or broke)")
+    start = time.perf_counter()
+    set_seed(settings.seed)
+    model, tokenizer = load(model_name)
+    model = _with_adapter(model, settings, init_adapter)
+    with tempfile.TemporaryDirectory(prefix="autoevolve-dpo-") as tmp:
+        trainer = DPOTrainer(
+            model=model,
+            args=_config(settings, tmp, cuda=torch.cuda.is_available()),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )
+        output = trainer.train()
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    path = _save(trainer.model, out_dir, base_model_id(model_name))
+    return TrainResult(
+        path=str(path),
+        steps=output.global_step,
+        train_loss=float(output.training_loss),
+        first_loss=float(losses[0]) if losses else float("nan"),
+        last_loss=float(losses[-1]) if losses else float("nan"),
+        seconds=time.perf_counter() - start,
+        examples=len(rows),
+    )
+
+
+def _config(settings: DPOSettings, output_dir: str, cuda: bool) -> Any:
+    """TRL DPOConfig with the same habits as the SFT one: no checkpoints, seeded, device-aware precision."""
+    from trl import DPOConfig
+
+    return DPOConfig(
+        output_dir=output_dir,
+        beta=settings.beta,
+        num_train_epochs=settings.epochs,
+        learning_rate=settings.learning_rate,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.grad_accum,
+        max_length=settings.max_length,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        use_cpu=not cuda,
+        bf16=cuda,
+        save_strategy="no",
+        logging_strategy="steps",
+        logging_steps=1,
+        report_to=[],
+        seed=settings.seed,
+        data_seed=settings.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )

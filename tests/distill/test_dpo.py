@@ -1,0 +1,57 @@
+"""DPO distillation: pairs rendered under the original config, a LoRA that learns to prefer the chosen side."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autoevolve.distill.dpo import DPOSettings, preference_examples, train_dpo
+from autoevolve.envs.life import LifeEnv
+from autoevolve.hcp import HCPConfig
+from autoevolve.records import Message, Trajectory
+from tests.distill.test_distill import _adapter, one_thread, tiny  # noqa: F401 - fixtures
+
+FAST = DPOSettings(epochs=3, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8, max_length=384, beta=0.1)
+
+
+def _pairs(n: int) -> tuple[list[tuple[Trajectory, Trajectory]], dict, HCPConfig]:
+    """Gold train conversations (chosen) against a refusal on the same task (rejected)."""
+    env = LifeEnv(tiers=(1,))
+    tasks = env.tasks("train")[:n]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    pairs = []
+    for t in tasks:
+        chosen = Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="h1", messages=env.reference(t), reward=1)
+        refusal = [Message(role="user", content=t.request), Message(role="assistant", content="I cannot help.")]
+        pairs.append(
+            (chosen, Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="h0", messages=refusal, reward=0))
+        )
+    return pairs, {t.id: t for t in tasks}, original
+
+
+def test_pairs_share_the_original_prompt_and_differ_in_completions() -> None:
+    pairs, tasks, original = _pairs(3)
+    broken = (pairs[0][0], pairs[0][1].model_copy(update={"messages": pairs[0][1].messages[:1]}))
+    rows = preference_examples([*pairs, broken], tasks, original)
+    assert len(rows) == 3  # the rejected side with no reply is skipped
+    row = rows[0]
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert row["prompt"][0]["content"].startswith("You are a personal assistant")  # the original config's prompt
+    assert row["chosen"][0]["content"].startswith('{"name": "book_table"')  # the original's JSON call syntax
+    assert [m["role"] for m in row["chosen"]] == ["assistant", "tool", "assistant"]
+    assert row["rejected"] == [{"role": "assistant", "content": "I cannot help."}]
+
+
+def test_train_dpo_moves_the_adapter_towards_the_chosen_side(tiny: str, tmp_path: Path) -> None:  # noqa: F811
+    pairs, tasks, original = _pairs(4)
+    result = train_dpo(preference_examples(pairs, tasks, original), tiny, tmp_path / "dpo", FAST)
+    assert result.steps == 6 and result.examples == 4
+    assert result.first_loss == pytest.approx(0.6931, abs=1e-3)  # log 2: policy and reference start equal
+    assert result.last_loss < result.first_loss
+    b = [t for name, t in _adapter(result.path).items() if "lora_B" in name]
+    assert b and all(t.abs().sum() > 0 for t in b)
+    assert json.loads((Path(result.path) / "adapter_config.json").read_text())["base_model_name_or_path"] == tiny
+    with pytest.raises(ValueError, match="no preference pairs"):
+        train_dpo([], tiny, tmp_path / "none", FAST)
