@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from autoevolve.distill.dataset import render_examples
-from autoevolve.distill.sft import SFTSettings, TrainResult, _save, _with_adapter
+from autoevolve.distill.sft import SFTSettings, TrainResult, _save, _with_adapter, trained, trainer_args
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id, load
 from autoevolve.records import Task, Trajectory
@@ -71,41 +71,12 @@ def train_dpo(
             processing_class=tokenizer,
         )
         output = trainer.train()
-    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     path = _save(trainer.model, out_dir, base_model_id(model_name))
-    return TrainResult(
-        path=str(path),
-        steps=output.global_step,
-        train_loss=float(output.training_loss),
-        first_loss=float(losses[0]) if losses else float("nan"),
-        last_loss=float(losses[-1]) if losses else float("nan"),
-        seconds=time.perf_counter() - start,
-        examples=len(rows),
-    )
+    return trained(trainer, output, path, start, len(rows))
 
 
 def _config(settings: DPOSettings, output_dir: str, cuda: bool) -> Any:
-    """TRL DPOConfig with the same habits as the SFT one: no checkpoints, seeded, device-aware precision."""
+    """TRL DPOConfig: the arguments every trainer shares, plus beta."""
     from trl import DPOConfig
 
-    return DPOConfig(
-        output_dir=output_dir,
-        beta=settings.beta,
-        num_train_epochs=settings.epochs,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.grad_accum,
-        max_length=settings.max_length,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        use_cpu=not cuda,
-        bf16=cuda,
-        save_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to=[],
-        seed=settings.seed,
-        data_seed=settings.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
+    return DPOConfig(**trainer_args(settings, output_dir, cuda), beta=settings.beta)

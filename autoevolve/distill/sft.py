@@ -89,17 +89,8 @@ def train_sft(
             callbacks=[_progress_callback(progress)] if progress else None,
         )
         output = trainer.train()
-    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     path = _save(trainer.model, out_dir, base_model_id(model_name))
-    return TrainResult(
-        path=str(path),
-        steps=output.global_step,
-        train_loss=float(output.training_loss),
-        first_loss=float(losses[0]) if losses else float("nan"),
-        last_loss=float(losses[-1]) if losses else float("nan"),
-        seconds=time.perf_counter() - start,
-        examples=len(dataset),
-    )
+    return trained(trainer, output, path, start, len(dataset))
 
 
 def _with_adapter(model: Any, settings: SFTSettings, init_adapter: str | None) -> Any:
@@ -120,32 +111,49 @@ def _with_adapter(model: Any, settings: SFTSettings, init_adapter: str | None) -
 
 
 def _config(settings: SFTSettings, output_dir: str, cuda: bool) -> Any:
-    """TRL SFTConfig: no checkpoints, no reporting, a log line per step, seeded, device-aware precision."""
+    """TRL SFTConfig: the shared training arguments, plus SFT's own."""
     from trl import SFTConfig
 
-    return SFTConfig(
-        output_dir=output_dir,
-        num_train_epochs=settings.epochs,
-        learning_rate=settings.learning_rate,
-        per_device_train_batch_size=settings.batch_size,
-        gradient_accumulation_steps=settings.grad_accum,
-        max_length=settings.max_length,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        weight_decay=0.0,
-        use_cpu=not cuda,
-        bf16=cuda,
-        fp16=False,
-        # A 135M model's activations fit easily; recomputing them would only cost time.
-        activation_checkpointing=False,
-        save_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to=[],
-        seed=settings.seed,
-        data_seed=settings.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+    # A 135M model's activations fit easily; recomputing them would only cost time.
+    return SFTConfig(**trainer_args(settings, output_dir, cuda), weight_decay=0.0, activation_checkpointing=False)
+
+
+def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str, Any]:
+    """Arguments every trainer shares: no checkpoints, no reporting, a log line per step, seeded, device-aware."""
+    return {
+        "output_dir": output_dir,
+        "num_train_epochs": settings.epochs,
+        "learning_rate": settings.learning_rate,
+        "per_device_train_batch_size": settings.batch_size,
+        "gradient_accumulation_steps": settings.grad_accum,
+        "max_length": settings.max_length,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 0,
+        "use_cpu": not cuda,
+        "bf16": cuda,
+        "fp16": False,
+        "save_strategy": "no",
+        "logging_strategy": "steps",
+        "logging_steps": 1,
+        "report_to": [],
+        "seed": settings.seed,
+        "data_seed": settings.seed,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+    }
+
+
+def trained(trainer: Any, output: Any, path: Path, started: float, examples: int) -> TrainResult:
+    """The TrainResult of a finished TRL run."""
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    return TrainResult(
+        path=str(path),
+        steps=output.global_step,
+        train_loss=float(output.training_loss),
+        first_loss=float(losses[0]) if losses else float("nan"),
+        last_loss=float(losses[-1]) if losses else float("nan"),
+        seconds=time.perf_counter() - started,
+        examples=examples,
     )
 
 
