@@ -5,6 +5,7 @@ from __future__ import annotations
 from autoevolve.hcp import HCPConfig, diff
 from autoevolve.records import Candidate, Selection
 from autoevolve.store import Store
+from autoevolve.workbench import mean
 
 
 class LineageError(ValueError):
@@ -41,7 +42,7 @@ def format_selections(selections: list[Selection], items: bool = False) -> str:
     head = ["round", "selection", "baseline", "evolved", "adapter", "items", "tasks", "pairs", "mean_gain"]
     rows = []
     for s in selections:
-        pairs = sum(i.baseline_reward < 1.0 and i.baseline_reward < i.reward for i in s.items)
+        pairs = sum(i.pairs_with_baseline for i in s.items)
         gain = sum(i.reward - i.baseline_reward for i in s.items) / len(s.items) if s.items else 0.0
         tasks = len({i.task_id for i in s.items})
         rows.append(
@@ -66,7 +67,7 @@ def format_candidates(rows: list[Candidate]) -> str:
     head = ["round", "hcp_id", "parents", "mutator", "components", "status", "dev", "minibatch", "rollouts", "note"]
     lines = []
     for c in rows:
-        child, parent = _mean(c.minibatch), _mean(c.parent_minibatch)
+        child, parent = mean(list(c.minibatch.values())), mean(list(c.parent_minibatch.values()))
         lines.append(
             [
                 str(c.round),
@@ -82,11 +83,6 @@ def format_candidates(rows: list[Candidate]) -> str:
             ]
         )
     return _table(head, lines)
-
-
-def _mean(scores: dict[str, float]) -> float:
-    """Mean of per-task scores (0.0 for none)."""
-    return sum(scores.values()) / len(scores) if scores else 0.0
 
 
 def resolve(rows: list[Candidate], ref: str) -> str:

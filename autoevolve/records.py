@@ -136,6 +136,11 @@ class SelectedTrajectory(Record):
     baseline_sample: int
     baseline_reward: float
 
+    @property
+    def pairs_with_baseline(self) -> bool:
+        """The baseline failed and lost: (this, baseline) is a (chosen, rejected) preference pair."""
+        return self.baseline_reward < 1.0 and self.baseline_reward < self.reward
+
 
 class Selection(Record):
     """The trajectories kept for distillation in one round."""

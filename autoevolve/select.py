@@ -128,7 +128,7 @@ def preference_pairs(bench: Workbench, selection: Selection) -> list[tuple[Traje
         (_stored(bench, selection, i.task_id, i.hcp_id, i.sample),
          _stored(bench, selection, i.task_id, i.baseline_hcp_id, i.baseline_sample))
         for i in selection.items
-        if i.baseline_reward < 1.0 and i.baseline_reward < i.reward
+        if i.pairs_with_baseline
     ]  # fmt: skip
 
 

@@ -22,7 +22,7 @@ def parse(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]] | None
     if obj is not None:
         return _from_json(obj)
     if "{" in text and re.search(r'"(name|tool|function)"\s*:', text):
-        raise CallError(f"unparseable tool call: {_clip(text)}")
+        raise CallError(f"unparseable tool call: {clip(text)}")
     return _from_python(text, tool_names)
 
 
@@ -51,7 +51,7 @@ def _from_json(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise CallError(f"arguments of {name!r} are not valid JSON: {exc}") from None
     if not isinstance(name, str) or not isinstance(args, dict):
-        raise CallError(f"tool call needs a string name and an object of arguments, got {_clip(json.dumps(obj))}")
+        raise CallError(f"tool call needs a string name and an object of arguments, got {clip(json.dumps(obj))}")
     return name, args
 
 
@@ -62,13 +62,13 @@ def _from_python(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]]
             continue
         end = _closing_paren(text, match.end() - 1)
         if end is None:
-            raise CallError(f"unparseable tool call: {_clip(text[match.start() :])}")
+            raise CallError(f"unparseable tool call: {clip(text[match.start() :])}")
         try:
             call = ast.parse(text[match.start() : end + 1], mode="eval").body
             assert isinstance(call, ast.Call) and not call.args
             args = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
         except (SyntaxError, ValueError, AssertionError):
-            raise CallError(f"unparseable tool call: {_clip(text[match.start() : end + 1])}") from None
+            raise CallError(f"unparseable tool call: {clip(text[match.start() : end + 1])}") from None
         return match.group(1), args
     return None
 
@@ -124,7 +124,7 @@ def check_arguments(spec: dict[str, Any], args: dict[str, Any]) -> dict[str, Any
     return clean
 
 
-def _clip(text: str, limit: int = 160) -> str:
-    """Shorten text for an error message."""
+def clip(text: str, limit: int = 160) -> str:
+    """Text on one line, shortened to ``limit`` characters (for error messages and prompts)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

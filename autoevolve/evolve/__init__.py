@@ -104,7 +104,7 @@ class _Search:
         s = self.settings
         fails = 0
         for i in range(s.candidates):
-            op, parents = self._next(ops, i, rng)
+            op, parents, ancestor = self._next(ops, i, rng)
             if op is None:
                 return "no mutator can propose (merge needs two pool members with a common ancestor)"
             batch = sorted(rng.sample(train, min(s.minibatch, len(train))), key=lambda t: t.id)
@@ -113,25 +113,27 @@ class _Search:
             if stop:
                 return stop
             best = max(c.mean_reward for c in self.pool)
-            row = self._step(op, parents, batch, rng)
+            row = self._step(op, parents, ancestor, batch, rng)
             fails = 0 if row.status == "keep" and row.mean_reward > best else fails + 1
             if s.budget.patience is not None and fails >= s.budget.patience:
                 return "patience"
         return "candidates"
 
-    def _next(self, ops: list[Mutator], i: int, rng: random.Random) -> tuple[Mutator | None, list[str]]:
-        """The i-th mutator in turn (skipping a merge with no partners) and the parent(s) it works on."""
+    def _next(self, ops: list[Mutator], i: int, rng: random.Random) -> tuple[Mutator | None, list[str], str | None]:
+        """The i-th mutator in turn (skipping a merge with no partners), its parent(s), and a merge's ancestor."""
         for k in range(len(ops)):
             op = ops[(i + k) % len(ops)]
             if not isinstance(op, Merge):
-                return op, [sample_parent(self.pool, rng)]
+                return op, [sample_parent(self.pool, rng)], None
             pairs = merge_pairs(self.pool, self.parents)
             if pairs:
-                a, b, _ = rng.choice(pairs)
-                return op, [a, b]
-        return None, []
+                a, b, ancestor = rng.choice(pairs)
+                return op, [a, b], ancestor
+        return None, [], None
 
-    def _step(self, op: Mutator, parents: list[str], batch: list[Task], rng: random.Random) -> Candidate:
+    def _step(
+        self, op: Mutator, parents: list[str], ancestor: str | None, batch: list[Task], rng: random.Random
+    ) -> Candidate:
         """Propose one child and try it: crash, discard on the minibatch, or keep and score on dev."""
         row = Candidate(
             run_id=self.bench.run_id,
@@ -145,7 +147,7 @@ class _Search:
         scored = {p: self._rollouts(self.configs[p], batch) for p in parents}
         self.evidence.minibatch = scored[parents[0]]
         try:
-            child = keep_frozen(parent, self._propose(op, parents, rng), self.settings.frozen)
+            child = keep_frozen(parent, self._propose(op, parents, ancestor, rng), self.settings.frozen)
         except ValueError as exc:
             why = f"failed proposal: {exc}" if isinstance(exc, ProposalError) else str(exc)
             return self._crash(row, why, getattr(exc, "reply", ""))
@@ -177,12 +179,11 @@ class _Search:
             return self._record(row.model_copy(update={"status": "discard", "note": f"{versus}: not better"}))
         return self._keep(row.model_copy(update={"note": versus}))
 
-    def _propose(self, op: Mutator, parents: list[str], rng: random.Random) -> HCPConfig:
+    def _propose(self, op: Mutator, parents: list[str], ancestor: str | None, rng: random.Random) -> HCPConfig:
         """The mutator's child (for a merge: of both parents over their nearest common ancestor)."""
         try:
             if isinstance(op, Merge):
                 a, b = parents
-                ancestor = next(x for p, q, x in merge_pairs(self.pool, self.parents) if (p, q) == (a, b))
                 scores = {c.hcp_id: c.mean_reward for c in self.pool}
                 return op.combine(self.configs[a], self.configs[b], self.configs[ancestor], scores[a] >= scores[b])
             return op.propose(self.configs[parents[0]], self.evidence, rng)

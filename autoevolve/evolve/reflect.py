@@ -22,6 +22,7 @@ from autoevolve.evolve.mutators import Evidence, ProposalError
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Trajectory
+from autoevolve.toolcall import clip
 
 PLACEHOLDERS = ("{tools}", "{call_format}", "{memory}", "{routing}")
 TEXT_COMPONENTS = ("system_prompt", "routing", "memory")
@@ -118,18 +119,12 @@ def format_examples(trajs: list[Trajectory]) -> str:
                 calls = [json.dumps({"name": c.name, "arguments": c.arguments}) for c in m.tool_calls]
                 lines.append(f"Assistant called: {' '.join(calls)}")
             elif m.role != "system":
-                lines.append(f"{m.role.capitalize()}: {_clip(m.content)}")
+                lines.append(f"{m.role.capitalize()}: {clip(m.content, 300)}")
         if t.error:
-            lines.append(f"Error: {_clip(t.error)}")
+            lines.append(f"Error: {clip(t.error, 300)}")
         lines.append(f"Feedback: {t.feedback or 'none: the task was fully solved.'}")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) if blocks else "(no attempts yet)"
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    """One line of at most ``limit`` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)  # a reply cut off mid-block counts
@@ -153,7 +148,7 @@ def apply_reply(parent: HCPConfig, component: str, reply: str) -> HCPConfig:
     try:
         value = yaml.safe_load(body)
     except yaml.YAMLError as exc:
-        why = f"the optimiser's {component} is not valid YAML or JSON: {_clip(str(exc), 160)}"
+        why = f"the optimiser's {component} is not valid YAML or JSON: {clip(str(exc), 160)}"
         raise ProposalError(why, reply) from None
     if component == "tools":
         return _with_descriptions(parent, value, reply)
