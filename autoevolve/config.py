@@ -156,12 +156,27 @@ class DistillSettings(DPOSettings):
     )
 
 
+class GuardSettings(Section):
+    """A guard set: dev tasks of another tier or environment on which the new adapter must not get worse."""
+
+    env: EnvSettings = Field(description="The guard's environment, e.g. {name: life, tiers: [2]}.")
+    hcp: Path | None = Field(default=None, description="Its original HCP config; None: the run's own ``hcp``.")
+    tasks: int = Field(default=16, gt=0, description="Dev tasks of the guard environment rolled out per adapter.")
+    tolerance: float = Field(default=0.05, ge=0.0, description="Largest mean-reward drop that still promotes.")
+
+    @property
+    def label(self) -> str:
+        """The guard's environment in words, e.g. 'life tiers 2'."""
+        return f"{self.env.name} tiers {','.join(map(str, self.env.tiers))}"
+
+
 class GateSettings(Section):
     """The promotion gate (dev split) and the report (test split)."""
 
     dev_tasks: int = Field(default=32, gt=0)
     test_tasks: int = Field(default=64, gt=0)
     min_gain: float = Field(default=0.0, description="Dev gain of adapter over base (original config) to promote.")
+    guard: GuardSettings | None = Field(default=None, description="Tasks the new adapter must not lose on; None: off.")
 
 
 class RunConfig(Section):
@@ -213,6 +228,8 @@ def load_config(path: str | Path) -> RunConfig:
     if "reflective" in config.evolve.mutators:
         reflection = config.evolve.reflection
         reflection.meta_prompts = _existing(reflection.meta_prompts, path, "evolve.reflection.meta_prompts")
+    if config.gate.guard is not None:
+        _check_guard(config, path)
     config.run_id = config.run_id or path.stem
     try:
         config.original_hcp()
@@ -221,6 +238,24 @@ def load_config(path: str | Path) -> RunConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{config.hcp}: not valid YAML: {' '.join(str(exc).split())}") from None
     return config
+
+
+def _check_guard(config: RunConfig, path: Path) -> None:
+    """The guard set must be other tasks than the run's own, with the files it names present."""
+    guard = config.gate.guard
+    assert guard is not None
+    shared = sorted(set(guard.env.tiers) & set(config.env.tiers))
+    if guard.env.name == config.env.name and shared:
+        raise ConfigError(
+            f"{path}: gate.guard.env.tiers: tier {shared[0]} is also trained on; a guard set needs another tier "
+            "or environment"
+        )
+    if guard.env.name == "fncall":
+        if guard.env.path is None:
+            raise ConfigError(f"{path}: gate.guard.env.path: the fncall environment needs a BFCL question file")
+        guard.env.path = _existing(guard.env.path, path, "gate.guard.env.path")
+    if guard.hcp is not None:
+        guard.hcp = _existing(guard.hcp, path, "gate.guard.hcp")
 
 
 def _existing(value: Path, config_path: Path, field: str) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from autoevolve.hcp import HCPConfig
-from autoevolve.records import Cell, EvalReport, Task
+from autoevolve.records import Cell, EvalReport, Guard, Task
 from autoevolve.workbench import Workbench, mean
 
 CELLS = ("base_original", "base_evolved", "adapter_original", "adapter_evolved")
@@ -95,6 +95,26 @@ def gate(
         f"[{low:+.3f}, {high:+.3f}]{why}; required: gain > {min_gain:.3f} and CI above 0"
     )
     report = report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason})
+    bench.store.put_evaluation(report)
+    return report
+
+
+def guard_check(
+    bench: Workbench, hcp: HCPConfig, base: str, candidate: str, tasks: list[Task], tolerance: float, label: str
+) -> Guard:
+    """Both adapters on the guard tasks (another tier or environment) under that environment's original config."""
+    means = [mean([t.reward for t in bench.rollouts(hcp, tasks, adapter=a, stage="guard")]) for a in (base, candidate)]
+    return Guard(env=label, n=len(tasks), base=means[0], candidate=means[1], tolerance=tolerance)
+
+
+def with_guard(bench: Workbench, report: EvalReport, guard: Guard) -> EvalReport:
+    """The gate's report with the guard's verdict added; a drop beyond the tolerance turns a promotion into a reject."""
+    verdict = (
+        f"guard ({guard.env}, {guard.n} tasks): {guard.base:.3f} -> {guard.candidate:.3f}, "
+        f"drop {guard.drop:+.3f}, tolerance {guard.tolerance:.3f}{'' if guard.ok else ' exceeded'}"
+    )
+    decision = report.decision if guard.ok else "reject"
+    report = report.model_copy(update={"decision": decision, "reason": f"{report.reason}; {verdict}", "guard": guard})
     bench.store.put_evaluation(report)
     return report
 

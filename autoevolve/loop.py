@@ -17,7 +17,7 @@ from autoevolve.config import RunConfig
 from autoevolve.distill import TrainResult, native_tools, render_examples, train_sft
 from autoevolve.distill.dpo import preference_examples, train_dpo
 from autoevolve.envs import make_env
-from autoevolve.evaluate import CELLS, gate, held_out
+from autoevolve.evaluate import CELLS, gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators, train_tasks
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id
@@ -171,6 +171,13 @@ def stage_gate(r: Round, evolved: EvolveResult, record: AdapterRecord) -> tuple[
     """Gate on dev: promote A_{r+1} only if it beats A_r under the original config; record why either way."""
     dev = r.bench.env.tasks("dev")[: r.config.gate.dev_tasks]
     report = gate(r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain)
+    g = r.config.gate.guard
+    if g is not None:
+        b = r.bench
+        bench = Workbench(b.policy, make_env(g.env.name, **g.env.options()), b.store, b.run_id, b.round, b.seed)
+        hcp = HCPConfig.from_yaml(g.hcp) if g.hcp else r.original
+        tasks = bench.env.tasks("dev")[: g.tasks]
+        report = with_guard(bench, report, guard_check(bench, hcp, r.base_ref, record.ref, tasks, g.tolerance, g.label))
     return report, registry.decide(r.bench.store, record, report)
 
 
@@ -211,7 +218,7 @@ def write_report(
             "dev_best": evolved.best_dev,
             "budget": evolved.budget,
         },
-        "rollouts": r.bench.store.count_trajectories(r.bench.run_id),
+        "rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round),
         "selected": len(selection.items),
         "selection_id": selection.id,
         "promoted": bool(record and record.status == "promoted"),
@@ -237,6 +244,7 @@ def write_report(
             "reason": dev.reason,
             "cells": {k: v.mean for k, v in dev.cells.items()},
             "n_tasks": dev.cells["base_original"].n,
+            "guard": dev.guard.model_dump() | {"drop": dev.guard.drop} if dev.guard else None,
         }
     r.run_dir.mkdir(parents=True, exist_ok=True)
     (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))

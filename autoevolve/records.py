@@ -195,6 +195,28 @@ class Cell(BaseModel):
     prompt_tokens: float = Field(default=0.0, description="Mean prompt tokens of the first model call.")
 
 
+class Guard(BaseModel):
+    """Tasks of another tier or environment the new adapter must not lose more than ``tolerance`` on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env: str = Field(description="Environment and tiers the guard tasks come from, e.g. 'life tiers 2'.")
+    n: int = Field(description="Guard tasks rolled out under each adapter.")
+    base: float = Field(description="Mean reward of the live adapter (A_r) with its original config.")
+    candidate: float = Field(description="Mean reward of the new adapter (A_{r+1}) with the same config.")
+    tolerance: float
+
+    @property
+    def drop(self) -> float:
+        """How much the new adapter lost on the guard tasks (negative: it gained)."""
+        return self.base - self.candidate
+
+    @property
+    def ok(self) -> bool:
+        """The drop is within the tolerance."""
+        return self.drop <= self.tolerance + 1e-9
+
+
 class EvalReport(Record):
     """The gate's decision and the held-out table."""
 
@@ -209,3 +231,4 @@ class EvalReport(Record):
     retention: float | None = Field(
         default=None, description="gain / (base_evolved - base_original); None when the evolved config gained nothing."
     )
+    guard: Guard | None = Field(default=None, description="The guard set's check (gate only, when configured).")

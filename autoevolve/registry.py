@@ -49,6 +49,7 @@ def decide(store: Store, record: AdapterRecord, report: EvalReport) -> AdapterRe
         "gain": report.gain,
         "gain_ci": list(report.gain_ci),
         "retention": report.retention,
+        "guard": report.guard.model_dump() if report.guard else None,
     }
     if report.decision != "promote":
         rejected = record.model_copy(update={"status": "rejected", "reason": report.reason, "eval": summary})

@@ -412,12 +412,15 @@ class Store:
         )
         return [_traj_from_row(r) for r in rows]
 
-    def count_trajectories(self, run_id: str | None = None) -> int:
-        """Number of stored trajectories, of one run or of all."""
-        if run_id is None:
-            row = self._one("SELECT count(*) FROM trajectories")
-        else:
-            row = self._one("SELECT count(*) FROM trajectories WHERE run_id = ?", [run_id])
+    def count_trajectories(self, run_id: str | None = None, round: int | None = None) -> int:
+        """Number of stored trajectories: of all runs, of one run, or of one round of a run."""
+        where, params = [], []
+        for column, value in (("run_id", run_id), ("round", round)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = "SELECT count(*) FROM trajectories" + (" WHERE " + " AND ".join(where) if where else "")
+        row = self._one(sql, params)
         return int(row[0]) if row else 0
 
     def mean_rewards(

@@ -60,6 +60,14 @@ def test_quickstart_loads() -> None:
             "evolve: {mutators: [reflective], reflection: {meta_prompts: x.yaml}}\n",
             "evolve.reflection.meta_prompts: file x.yaml not found",
         ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\nenv: {{tiers: [1, 2]}}\ngate: {{guard: {{env: {{tiers: [2, 3]}}}}}}\n",
+            "gate.guard.env.tiers: tier 2 is also trained on; a guard set needs another tier",
+        ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ngate: {{guard: {{env: {{name: fncall}}}}}}\n",
+            "gate.guard.env.path: the fncall environment needs a BFCL question file",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.evaluate import bootstrap_ci, format_table, gate, held_out
+from autoevolve.evaluate import bootstrap_ci, format_table, gate, guard_check, held_out, with_guard
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
 from autoevolve.store import Store
@@ -22,11 +22,33 @@ def test_bootstrap_interval_is_seeded_and_narrows_with_more_tasks() -> None:
     assert large[1] - large[0] < (small[1] - small[0]) / 2
 
 
+ORIGINAL = HCPConfig.from_yaml("prompts/life.yaml")
+
+
+def _put(store: Store, tasks, adapter: str, hcp: HCPConfig, rewards: list[float]) -> None:
+    """Store one rollout per task with the given rewards, as if the policy had run them."""
+    store.put_trajectories(
+        [
+            Trajectory(
+                run_id="r",
+                task_id=t.id,
+                split="dev",
+                tier=t.tier,
+                hcp_id=hcp.id,
+                adapter=adapter,
+                reward=reward,
+                messages=[Message(role="user", content=t.request)],
+            )
+            for t, reward in zip(tasks, rewards, strict=True)
+        ]
+    )
+
+
 def _gate(tmp_path, adapter_wins: list[float], evolved_rewards: list[float]):
     """Gate a candidate whose per-task rewards under the original config are ``adapter_wins`` (base: all 0)."""
     env = LifeEnv(tiers=(1,))
     tasks = env.tasks("dev")[: len(adapter_wins)]
-    original = HCPConfig.from_yaml("prompts/life.yaml")
+    original = ORIGINAL
     evolved = original.model_copy(update={"tool_format": "python"})
     rows = [
         ("", original, [0.0] * len(tasks)),
@@ -36,20 +58,7 @@ def _gate(tmp_path, adapter_wins: list[float], evolved_rewards: list[float]):
     ]
     with Store(tmp_path / "s.duckdb") as store:
         for adapter, hcp, rewards in rows:
-            store.put_trajectories(
-                [
-                    Trajectory(
-                        run_id="r",
-                        task_id=t.id,
-                        split="dev",
-                        hcp_id=hcp.id,
-                        adapter=adapter,
-                        reward=reward,
-                        messages=[Message(role="user", content=t.request)],
-                    )
-                    for t, reward in zip(tasks, rewards, strict=True)
-                ]
-            )
+            _put(store, tasks, adapter, hcp, rewards)
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         report = gate(bench, original, evolved, "", "L1@v2", tasks)
         test = held_out(bench, original, evolved, "", "L1@v2", tasks)
@@ -77,3 +86,22 @@ def test_a_loss_is_rejected(tmp_path) -> None:
     report, _ = _gate(tmp_path, [0.0] * 8, [1.0] * 8)
     assert report.decision == "reject" and report.gain == 0.0 and report.retention == 0.0
     assert "(needs a gain above the minimum)" in report.reason
+
+
+@pytest.mark.parametrize(("candidate", "decision"), [([1.0] * 3 + [0.0], "reject"), ([1.0] * 4, "promote")])
+def test_a_guard_set_that_drops_beyond_tolerance_turns_a_promotion_into_a_reject(tmp_path, candidate, decision) -> None:
+    report, _ = _gate(tmp_path / "gate", [1.0] * 8, [1.0] * 8)
+    assert report.decision == "promote"
+    env = LifeEnv(tiers=(2,))  # another tier than the one trained on
+    tasks = env.tasks("dev")[:4]
+    with Store(tmp_path / "s.duckdb") as store:
+        _put(store, tasks, "", ORIGINAL, [1.0] * 4)
+        _put(store, tasks, "L1@v2", ORIGINAL, candidate)
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        guard = guard_check(bench, ORIGINAL, "", "L1@v2", tasks, tolerance=0.1, label="life tiers 2")
+        guarded = with_guard(bench, report, guard)
+        assert store.evaluations("r") == [guarded]  # the stored report carries the guard
+    assert guard.n == 4 and guard.base == 1.0 and guard.candidate == sum(candidate) / 4
+    assert guarded.decision == decision and guarded.guard == guard
+    drop = "+0.250, tolerance 0.100 exceeded" if decision == "reject" else "+0.000, tolerance 0.100"
+    assert guarded.reason.endswith(f"; guard (life tiers 2, 4 tasks): 1.000 -> {guard.candidate:.3f}, drop {drop}")

@@ -50,4 +50,7 @@ def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_mod
     ]
     with Store(tmp_path / "s.duckdb", read_only=True) as store:
         second = [c for c in store.candidates("tiny") if c.round == 1]
+        per_round = [store.count_trajectories("tiny", round=r) for r in (0, 1)]
+    # Each round counts its own; round 1 tried the same configs with the same (bare) model, so reused them all.
+    assert [r["rollouts"] for r in rows] == per_round == [12, 0]
     assert [c.mutator for c in second] == ["seed", "tool_format"]  # round 1 searched and recorded its own ledger

@@ -166,6 +166,7 @@ def test_bulk_idempotent(store: Store) -> None:
     assert store.put_trajectories([changed, make_traj(999)]) == 1
     assert store.trajectories("run1", task_ids=["t000000"])[0].reward == 0.5
     assert store.count_trajectories("run1") == 101
+    assert store.count_trajectories("run1", round=0) == 101 and store.count_trajectories("run1", round=1) == 0
     assert store.put_trajectories([]) == 0
 
 
