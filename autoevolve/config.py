@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoevolve.distill.dpo import DPOSettings
+from autoevolve.distill.grpo import GRPOSettings
 from autoevolve.hcp import COMPONENTS, HCPConfig
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
@@ -148,12 +148,25 @@ class SelectSettings(Section):
     )
 
 
-class DistillSettings(DPOSettings):
-    """Stage 3: the trainer and its hyper-parameters (``beta`` is used by DPO only)."""
+class DistillSettings(GRPOSettings):
+    """Stage 3: the trainer and its hyper-parameters (``beta`` is DPO's; ``generations`` onwards are GRPO's)."""
 
-    trainer: Literal["sft", "dpo"] = Field(
-        default="sft", description="sft: the kept rollouts; dpo: (kept rollout, original's failed rollout) pairs."
+    trainer: Literal["sft", "dpo", "grpo"] = Field(
+        default="sft",
+        description="sft: the kept rollouts; dpo: (kept rollout, original's failed rollout) pairs; "
+        "grpo: RL on the selected tasks with the environment's reward.",
     )
+
+    @model_validator(mode="after")
+    def _whole_groups(self) -> DistillSettings:
+        """GRPO generates whole groups: the completions per optimiser step must be a multiple of ``generations``."""
+        per_step = self.batch_size * self.grad_accum
+        if self.trainer == "grpo" and per_step % self.generations:
+            raise ValueError(
+                f"batch_size x grad_accum ({per_step}) must be a multiple of generations ({self.generations}) "
+                "for grpo: each step trains on whole groups of replies"
+            )
+        return self
 
 
 class GuardSettings(Section):

@@ -14,8 +14,8 @@ from typing import Any
 
 from autoevolve import registry
 from autoevolve.config import RunConfig
-from autoevolve.distill import TrainResult, native_tools, render_examples, train_sft
-from autoevolve.distill.dpo import preference_examples, train_dpo
+from autoevolve.distill import TrainResult
+from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs import make_env
 from autoevolve.evaluate import CELLS, gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators, train_tasks
@@ -23,7 +23,7 @@ from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection
-from autoevolve.select import preference_pairs, select, selected_trajectories
+from autoevolve.select import select
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 
@@ -136,21 +136,14 @@ def stage_select(r: Round, evolved: EvolveResult) -> Selection:
 
 
 def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tuple[AdapterRecord, TrainResult]:
-    """Stage 3: re-render the kept rollouts under the original config; LoRA-SFT (or DPO) the expert from A_r."""
-    trajs = selected_trajectories(r.bench, selection)
-    if not trajs:
+    """Stage 3: train the expert's next version from A_r under the original config (SFT, DPO or GRPO)."""
+    if not selection.items:
         raise ValueError("selection kept no trajectories: the evolved config beat the original on no train task")
-    tasks = {t.id: t for t in r.bench.env.tasks("train")}
     name, version = r.config.expert, r.bench.store.next_adapter_version(r.config.expert)
     out = (r.run_dir / "adapters" / f"{name}-v{version}").resolve()  # the registry must not depend on cwd
     init = r.base_adapter.path if r.base_adapter else None
-    d = r.config.distill
-    if d.trainer == "dpo":
-        rows = preference_examples(preference_pairs(r.bench, selection), tasks, r.original)
-        result = train_dpo(rows, r.config.model.name, out, d, init_adapter=init)
-    else:
-        examples = render_examples(trajs, tasks, r.original)
-        result = train_sft(examples, r.config.model.name, out, d, init_adapter=init, tools=native_tools(r.original))
+    job = DistillJob(r.bench, selection, r.original, r.config.model.name, out, init_adapter=init)
+    result = TRAINERS[r.config.distill.trainer](job, r.config.distill)
     record = registry.register(
         r.bench.store,
         name=name,

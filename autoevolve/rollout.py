@@ -65,6 +65,13 @@ def rollout(
     return [_finish(r, hcp, run_id, adapter, stage, round) for r in runs]
 
 
+def score_reply(env: Environment, hcp: HCPConfig, task: Task, text: str) -> float:
+    """The environment's reward for an episode of one reply: its tool call run (else the final answer), then scored."""
+    run = _Run(task=task, sample=0, episode=env.start(task), messages=[Message(role="user", content=task.request)])
+    _advance(run, Completion(text=text), hcp)
+    return 0.0 if run.error else run.episode.score(run.messages)[0]
+
+
 def _request(hcp: HCPConfig, run: _Run, seed: int) -> ChatRequest:
     """The next model call of an episode under the config."""
     messages, tools = hcp.render(run.task, run.messages)

@@ -48,9 +48,13 @@ def test_quickstart_loads() -> None:
         (f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall}}\n", "env.path: the fncall environment needs a BFCL"),
         (
             f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: ppo}}\n",
-            "distill.trainer: Input should be 'sft' or 'dpo'",
+            "distill.trainer: Input should be 'sft', 'dpo' or 'grpo'",
         ),
         (f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{beta: 0}}\n", "distill.beta: Input should be greater than 0"),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: grpo, batch_size: 6, generations: 4}}\n",
+            "distill: Value error, batch_size x grad_accum (6) must be a multiple of generations (4) for grpo",
+        ),
         (
             f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, path: nope.jsonl}}\n",
             "env.path: file nope.jsonl not",
@@ -71,7 +75,7 @@ def test_quickstart_loads() -> None:
     ],
 )
 def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(_write(tmp_path, text))
 
 

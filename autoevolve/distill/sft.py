@@ -54,6 +54,8 @@ class TrainResult(BaseModel):
     last_loss: float = Field(description="Loss logged at the last step.")
     seconds: float = Field(description="Wall time of the run, loading and saving included.")
     examples: int = Field(description="Examples trained on (those with an assistant token within max_length).")
+    first_reward: float | None = Field(default=None, description="GRPO: mean reward of the first step's replies.")
+    last_reward: float | None = Field(default=None, description="GRPO: mean reward of the last step's replies.")
 
 
 def train_sft(
@@ -146,6 +148,7 @@ def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str
 def trained(trainer: Any, output: Any, path: Path, started: float, examples: int) -> TrainResult:
     """The TrainResult of a finished TRL run."""
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]  # logged by RL trainers
     return TrainResult(
         path=str(path),
         steps=output.global_step,
@@ -154,6 +157,8 @@ def trained(trainer: Any, output: Any, path: Path, started: float, examples: int
         last_loss=float(losses[-1]) if losses else float("nan"),
         seconds=time.perf_counter() - started,
         examples=examples,
+        first_reward=rewards[0] if rewards else None,
+        last_reward=rewards[-1] if rewards else None,
     )
 
 

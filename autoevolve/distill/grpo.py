@@ -1,0 +1,115 @@
+"""On-policy RL of the expert's LoRA: TRL GRPO under the ORIGINAL config, rewarded by the environment itself.
+
+Each prompt is a task's first model call as the original config renders it (system prompt, tools, the user's
+request), in the chat template's text. The completion is one model reply; the reward is the environment's own
+score of an episode made of that one reply: its tool call is run against a fresh episode (a reply that is not a
+valid call is the final answer), then the fixed scorer grades it, partial credit included. Single-turn: on a task
+that needs a tool result before answering, the best one reply can do is the right call, and the scorer says how
+right it was.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from autoevolve.distill.dpo import DPOSettings
+from autoevolve.distill.sft import TrainResult, _save, _with_adapter, trained, trainer_args
+from autoevolve.envs import Environment
+from autoevolve.hcp import HCPConfig
+from autoevolve.model import base_model_id, load
+from autoevolve.records import Message, Task
+from autoevolve.rollout import score_reply
+
+
+class GRPOSettings(DPOSettings):
+    """Hyper-parameters of one LoRA GRPO run (the SFT ones, plus the group and sampling settings)."""
+
+    generations: int = Field(
+        default=4, ge=2, description="GRPO: replies sampled per prompt; advantages are relative within the group."
+    )
+    completion_tokens: int = Field(default=96, gt=0, description="GRPO: most tokens a sampled reply may have.")
+    temperature: float = Field(default=1.0, gt=0, description="GRPO: sampling temperature of the replies.")
+    kl: float = Field(default=0.0, ge=0, description="GRPO: KL penalty towards the model before training (0: none).")
+
+
+class EnvReward:
+    """A TRL reward function: each completion graded by the environment as a one-reply episode of its task."""
+
+    __name__ = "env_reward"  # TRL logs rewards under the function's name
+
+    def __init__(self, env: Environment, original: HCPConfig, tasks: dict[str, Task]) -> None:
+        self.env, self.original, self.tasks = env, original, tasks
+
+    def __call__(self, prompts: list[str], completions: list[str], task_id: list[str], **_: Any) -> list[float]:
+        """One reward in [0, 1] per completion."""
+        return [
+            score_reply(self.env, self.original, self.tasks[t], text)
+            for t, text in zip(task_id, completions, strict=True)
+        ]
+
+
+def grpo_prompts(tasks: list[Task], original: HCPConfig, tokenizer: Any) -> list[dict[str, str]]:
+    """Rows {prompt, task_id}: each task's first model call under the original config, as chat-template text."""
+    rows = []
+    for task in tasks:
+        messages, tools = original.render(task, [Message(role="user", content=task.request)])
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        rows.append({"prompt": text, "task_id": task.id})
+    return rows
+
+
+def train_grpo(
+    tasks: list[Task],
+    env: Environment,
+    original: HCPConfig,
+    model_name: str,
+    out_dir: str | Path,
+    settings: GRPOSettings,
+    init_adapter: str | None = None,
+) -> TrainResult:
+    """Train a LoRA adapter with GRPO on ``tasks`` (continuing from ``init_adapter`` if given); save to ``out_dir``."""
+    import torch
+    from datasets import Dataset
+    from transformers import set_seed
+    from trl import GRPOTrainer
+
+    if not tasks:
+        raise ValueError("no tasks to train on")
+    start = time.perf_counter()
+    set_seed(settings.seed)
+    model, tokenizer = load(model_name)
+    tokenizer.padding_side = "left"  # prompts are generated from: pad before them
+    model = _with_adapter(model, settings, init_adapter)
+    rows = grpo_prompts(tasks, original, tokenizer)
+    with tempfile.TemporaryDirectory(prefix="autoevolve-grpo-") as tmp:
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=EnvReward(env, original, {t.id: t for t in tasks}),
+            args=_config(settings, tmp, cuda=torch.cuda.is_available()),
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )
+        output = trainer.train()
+    path = _save(trainer.model, out_dir, base_model_id(model_name))
+    return trained(trainer, output, path, start, len(rows))
+
+
+def _config(settings: GRPOSettings, output_dir: str, cuda: bool) -> Any:
+    """TRL GRPOConfig: the shared arguments (prompts are not truncated), plus the group and sampling settings."""
+    from trl import GRPOConfig
+
+    shared = trainer_args(settings, output_dir, cuda)
+    del shared["max_length"]  # GRPO bounds the completion instead
+    return GRPOConfig(
+        **shared,
+        num_generations=settings.generations,
+        max_completion_length=settings.completion_tokens,
+        temperature=settings.temperature,
+        beta=settings.kl,
+        activation_checkpointing=False,  # a small model's activations fit; recomputing them only costs time
+    )

@@ -1,0 +1,70 @@
+"""Stage 3's trainers behind one protocol: each turns a round's selection into the expert's next adapter version.
+
+- ``sft``: the kept rollouts re-rendered under the original config; loss on assistant tokens only.
+- ``dpo``: (kept rollout, the original config's failed rollout on the same task), both under the original config.
+- ``grpo``: on-policy RL on the selected tasks under the original config, the environment's score as the reward.
+
+Every trainer continues from the live adapter A_r when there is one and returns a ``TrainResult``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from autoevolve.config import DistillSettings
+from autoevolve.distill.dataset import native_tools, render_examples
+from autoevolve.distill.dpo import preference_examples, train_dpo
+from autoevolve.distill.grpo import train_grpo
+from autoevolve.distill.sft import TrainResult, train_sft
+from autoevolve.hcp import HCPConfig
+from autoevolve.records import Selection, Task
+from autoevolve.select import preference_pairs, selected_trajectories
+from autoevolve.workbench import Workbench
+
+
+@dataclass(frozen=True)
+class DistillJob:
+    """What every trainer gets: the round's workbench and selection, the original config, where to start and save."""
+
+    bench: Workbench
+    selection: Selection
+    original: HCPConfig
+    model_name: str
+    out_dir: Path
+    init_adapter: str | None = None  # A_r's folder; None: a fresh LoRA
+
+    def tasks(self) -> dict[str, Task]:
+        """The environment's train tasks by id (every selection item is one of them)."""
+        return {t.id: t for t in self.bench.env.tasks("train")}
+
+
+class Trainer(Protocol):
+    """Trains the expert's next adapter version from a job and saves it to ``job.out_dir``."""
+
+    def __call__(self, job: DistillJob, settings: DistillSettings) -> TrainResult: ...
+
+
+def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
+    """LoRA SFT on the kept rollouts."""
+    examples = render_examples(selected_trajectories(job.bench, job.selection), job.tasks(), job.original)
+    tools = native_tools(job.original)
+    return train_sft(examples, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, tools=tools)
+
+
+def dpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
+    """LoRA DPO on (kept rollout, the original's failed rollout) pairs."""
+    rows = preference_examples(preference_pairs(job.bench, job.selection), job.tasks(), job.original)
+    return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter)
+
+
+def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
+    """LoRA GRPO on the tasks the evolved configs won: where the original config still has most to learn."""
+    by_id = job.tasks()
+    tasks = [by_id[task_id] for task_id in dict.fromkeys(item.task_id for item in job.selection.items)]
+    env = job.bench.env
+    return train_grpo(tasks, env, job.original, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter)
+
+
+TRAINERS: dict[str, Trainer] = {"sft": sft, "dpo": dpo, "grpo": grpo}
