@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install demo test lint bench bench-gepa
+.PHONY: install demo test lint bench bench-gepa bench-loop
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -33,3 +33,6 @@ bench: install
 bench-gepa: install  # about 15 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/evolution_vs_gepa.py
+
+bench-loop: install  # three rounds of configs/loop.yaml, about 45-50 minutes on 2 cores
+	$(PY) bench/loop_efficacy.py

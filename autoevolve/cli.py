@@ -5,6 +5,8 @@ autoevolve check configs/quickstart.yaml  validate a run config and its HCP file
 autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
 autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
 autoevolve selections quickstart          the stage-2 selections of a run (--items: every kept rollout)
+autoevolve registry list                  the LoRA experts and their live versions (also: show, promote, rollback,
+                                          add-expert)
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     sels.add_argument("run", help="run id")
     sels.add_argument("--items", action="store_true", help="one line per kept rollout and the baseline it beat")
     sels.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
+    _registry_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "registry":
+        return _registry(args)
     if args.command in ("candidates", "diff", "selections"):
         try:
             return _lineage(args)
@@ -89,6 +94,59 @@ def _lineage(args: argparse.Namespace) -> int:
             else:
                 print(config_diff(store, args.run, args.a, args.b))
     except (LineageError, StoreBusy) as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _registry_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``registry`` command and its actions."""
+    reg = sub.add_parser("registry", help="the adapter registry: experts, versions, the live one")
+    reg.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
+    act = reg.add_subparsers(dest="action", required=True)
+    act.add_parser("list", help="every expert with its live version")
+    act.add_parser("show", help="an expert's versions and history").add_argument("name")
+    pro = act.add_parser("promote", help="make a version the expert's live one")
+    pro.add_argument("name")
+    pro.add_argument("version", type=int)
+    pro.add_argument("--reason", default="promoted by hand")
+    back = act.add_parser("rollback", help="put back the version live before the current one")
+    back.add_argument("name")
+    back.add_argument("--reason", default="rolled back by hand")
+    add = act.add_parser("add-expert", help="register an expert (metadata only) or update its tier and rule")
+    add.add_argument("name", help="e.g. L2-code (letters, digits, '.', '_', '-')")
+    add.add_argument("--base-model", required=True, help="base model id every version must be trained on")
+    add.add_argument("--tier", type=int, default=1, help="0: the entry expert; 1+: experts it routes to")
+    add.add_argument("--rule", default="", help="routing rule: one sentence saying when to hand a turn here")
+
+
+def _registry(args: argparse.Namespace) -> int:
+    """Run a registry action; exit 2 with one line for an unknown expert or version, a refused adapter, a busy store."""
+    from autoevolve import registry
+    from autoevolve.store import Store, StoreBusy
+
+    if args.action in ("list", "show") and not Path(args.store).is_file():
+        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
+        return 2
+    try:
+        with Store(args.store) as store:
+            if args.action == "list":
+                print(registry.format_experts(store))
+            elif args.action == "show":
+                print(registry.format_expert(store, args.name))
+            elif args.action == "promote":
+                adapter = registry.promote(store, args.name, args.version, args.reason)
+                print(f"{adapter.ref} is live")
+            elif args.action == "rollback":
+                adapter = registry.rollback(store, args.name, args.reason)
+                print(f"{adapter.ref if adapter else 'the bare base model'} is live for {args.name}")
+            else:
+                e = registry.add_expert(store, args.name, args.base_model, args.tier, args.rule)
+                print(f"expert {e.name} registered (tier {e.tier}, base {e.base_model})")
+    except KeyError as exc:
+        print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except (ValueError, StoreBusy) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -157,6 +157,26 @@ class Selection(Record):
 AdapterStatus = Literal["candidate", "promoted", "rejected", "retired"]
 
 
+class Expert(Record):
+    """A LoRA expert of the Mixture of LoRA: what the router sees of it, and which version serves it."""
+
+    name: str = Field(description="e.g. 'L1-life'; letters, digits, '.', '_' and '-' only.")
+    tier: int = Field(default=1, ge=0, description="0: the entry (chat) expert; 1+: the experts it routes to.")
+    routing_rule: str = Field(default="", description="One sentence the router sees: when to hand a turn here.")
+    base_model: str = Field(description="Base model id every version of this expert must be trained on.")
+    live_version: int | None = Field(default=None, description="The promoted version; None: the bare base serves.")
+
+
+class RegistryEvent(Record):
+    """One change of an expert's live version, or a hook's failure, in the registry's history."""
+
+    expert: str
+    action: Literal["promote", "rollback", "hook_failed"]
+    version: int | None = Field(description="Live version after the change (None: the bare base model).")
+    previous_version: int | None = Field(description="Live version before it.")
+    detail: str = ""
+
+
 class AdapterRecord(Record):
     """A registry row: one version of one LoRA expert, with its lineage."""
 

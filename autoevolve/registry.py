@@ -1,12 +1,54 @@
-"""The adapter registry: versions of each LoRA expert with their lineage; at most one promoted per expert."""
+"""The adapter registry: the LoRA experts, the versions of each with their lineage, and which one is live.
+
+At most one version per expert is live (none: the bare base model serves it). Promotion and rollback move the
+live version in one store transaction; registering an expert is a metadata change only.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
-from autoevolve.records import AdapterRecord, EvalReport
+from autoevolve.records import AdapterRecord, EvalReport, Expert
 from autoevolve.store import Store
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: str) -> str:
+    """An expert name is also a folder name and a served LoRA name: refuse one that could escape a directory."""
+    if not NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"expert name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (no '/', no '..', "
+            "at most 64 characters), e.g. 'L1-life'"
+        )
+    return name
+
+
+def adapter_dir(root: str | Path, name: str, version: int) -> Path:
+    """Folder of an expert's version under an adapter directory, e.g. root/L1-life-v3 (never outside root)."""
+    root = Path(root).resolve()
+    path = (root / f"{check_name(name)}-v{version}").resolve()
+    if root not in path.parents:
+        raise ValueError(f"adapter folder {path} would escape the adapter directory {root}")
+    return path
+
+
+def add_expert(store: Store, name: str, base_model: str, tier: int = 1, routing_rule: str = "") -> Expert:
+    """Register an expert (or update its tier and routing rule); its live version is left as it is."""
+    expert = Expert(name=check_name(name), tier=tier, routing_rule=routing_rule, base_model=base_model)
+    try:
+        known = store.expert(name)
+    except KeyError:
+        known = None
+    if known is not None and known.base_model != base_model:
+        raise ValueError(
+            f"expert {name} is built on {known.base_model!r}, not {base_model!r}: a base model cannot change under "
+            "an expert's versions; register a new expert instead"
+        )
+    store.put_expert(expert)
+    return store.expert(name)
 
 
 def register(
@@ -22,11 +64,19 @@ def register(
     evolved_hcp_id: str,
     selection_id: str,
 ) -> AdapterRecord:
-    """Record a freshly trained adapter as the expert's next version, status 'candidate'."""
+    """Record a freshly trained adapter as the expert's next version, status 'candidate' (the expert made if new)."""
+    try:
+        expert = store.expert(name)
+    except KeyError:
+        expert = add_expert(store, name, base_model)
+    if expert.base_model != base_model:
+        raise ValueError(f"adapter {path} is for {base_model!r}, but expert {name} is built on {expert.base_model!r}")
     check_adapter_folder(Path(path), base_model)
     record = AdapterRecord(
         name=name,
         version=store.next_adapter_version(name),
+        tier=expert.tier,
+        routing_rule=expert.routing_rule,
         base_model=base_model,
         path=str(path),
         parent_version=parent_version,
@@ -55,12 +105,28 @@ def decide(store: Store, record: AdapterRecord, report: EvalReport) -> AdapterRe
         rejected = record.model_copy(update={"status": "rejected", "reason": report.reason, "eval": summary})
         store.put_adapter(rejected)
         return rejected
-    live = store.promoted_adapter(record.name)
-    if live is not None:
-        store.put_adapter(live.model_copy(update={"status": "retired"}))
-    promoted = record.model_copy(update={"status": "promoted", "reason": report.reason, "eval": summary})
-    store.put_adapter(promoted)
-    return promoted
+    store.put_adapter(record.model_copy(update={"eval": summary}))
+    store.set_live(record.name, record.version, "promote", detail=report.reason)
+    return store.adapter(record.name, record.version)
+
+
+def promote(store: Store, name: str, version: int, reason: str = "promoted by hand") -> AdapterRecord:
+    """Make a registered version the expert's live one (any status: a rejected candidate can be forced live)."""
+    adapter = store.adapter(name, version)
+    check_adapter_folder(Path(adapter.path), store.expert(name).base_model)  # still there, still safetensors
+    store.set_live(name, version, "promote", detail=reason)
+    return store.adapter(name, version)
+
+
+def rollback(store: Store, name: str, reason: str = "rolled back by hand") -> AdapterRecord | None:
+    """Put back the version that was live when the current one was promoted (None: the bare base); returns it."""
+    live = store.expert(name).live_version
+    if live is None:
+        raise ValueError(f"expert {name} has no live version to roll back (the bare base model serves it)")
+    made_live = [e for e in store.events(name) if e.version == live and e.action == "promote"]
+    target = made_live[-1].previous_version if made_live else None
+    store.set_live(name, target, "rollback", detail=reason)
+    return store.adapter(name, target) if target is not None else None
 
 
 def check_adapter_folder(path: Path, base_model: str) -> None:
@@ -73,3 +139,39 @@ def check_adapter_folder(path: Path, base_model: str) -> None:
     declared = json.loads(config.read_text()).get("base_model_name_or_path")
     if declared != base_model:
         raise ValueError(f"adapter {path}: base_model_name_or_path is {declared!r}, expected {base_model!r}")
+
+
+def format_experts(store: Store) -> str:
+    """One line per expert: tier, live version, versions, base model, routing rule."""
+    lines = [f"{'expert':<16}{'tier':>5}{'live':>7}{'versions':>10}  {'base model':<38}routing rule"]
+    for e in store.experts():
+        live = f"v{e.live_version}" if e.live_version is not None else "base"
+        n = len(store.adapters(e.name))
+        lines.append(f"{e.name:<16}{e.tier:>5}{live:>7}{n:>10}  {e.base_model:<38}{e.routing_rule or '-'}")
+    return "\n".join(lines) if len(lines) > 1 else "no experts registered"
+
+
+def format_expert(store: Store, name: str) -> str:
+    """An expert's versions (status, parent, run and round, dev gain, reason) and its history of live versions."""
+    e = store.expert(name)
+    live = f"v{e.live_version}" if e.live_version is not None else "the bare base model"
+    lines = [
+        f"{e.name} (tier {e.tier}, base {e.base_model}): live {live}",
+        f"routing rule: {e.routing_rule or '-'}",
+        "",
+    ]
+    lines.append(f"{'version':<9}{'status':<10}{'parent':<8}{'run':<18}{'round':>6}{'dev gain':>10}  reason")
+    for a in store.adapters(name):
+        gain = a.eval.get("gain")
+        lines.append(
+            f"v{a.version:<8}{a.status:<10}{'v' + str(a.parent_version) if a.parent_version else '-':<8}"
+            f"{a.run_id or '-':<18}{a.round:>6}{'-' if gain is None else f'{gain:+.3f}':>10}  {a.reason[:90]}"
+        )
+    events = store.events(name)
+    if events:
+        lines += ["", "history:"]
+        for ev in events:
+            before = "base" if ev.previous_version is None else f"v{ev.previous_version}"
+            after = "base" if ev.version is None else f"v{ev.version}"
+            lines.append(f"  {ev.action:<12}{before} -> {after}  {ev.detail[:100]}")
+    return "\n".join(lines)

@@ -22,7 +22,9 @@ from autoevolve.records import (
     AdapterRecord,
     Candidate,
     EvalReport,
+    Expert,
     Message,
+    RegistryEvent,
     SelectedTrajectory,
     Selection,
     Trajectory,
@@ -123,6 +125,30 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE candidates ADD COLUMN rollouts_used BIGINT NOT NULL DEFAULT 0;
         """,
     ),
+    (
+        5,
+        "experts_live_version",
+        """
+        CREATE TABLE experts (
+            name VARCHAR PRIMARY KEY, tier INTEGER NOT NULL, routing_rule VARCHAR NOT NULL,
+            base_model VARCHAR NOT NULL,
+            live_version INTEGER,  -- the one promoted version; NULL: the bare base model serves the expert
+            schema_version INTEGER NOT NULL,
+            created_at TIMESTAMP DEFAULT current_timestamp, updated_at TIMESTAMP DEFAULT current_timestamp
+        );
+        INSERT INTO experts (name, tier, routing_rule, base_model, live_version, schema_version)
+            SELECT name, max(tier), max(routing_rule), max(base_model),
+                   max(version) FILTER (WHERE status = 'promoted'), 1
+            FROM adapters GROUP BY name;
+        UPDATE adapters SET status = 'retired'
+            WHERE status = 'promoted' AND version <> (SELECT live_version FROM experts e WHERE e.name = adapters.name);
+        CREATE TABLE registry_events (
+            expert VARCHAR NOT NULL, action VARCHAR NOT NULL, version INTEGER, previous_version INTEGER,
+            detail VARCHAR NOT NULL, schema_version INTEGER NOT NULL,
+            created_at TIMESTAMP DEFAULT current_timestamp
+        );
+        """,
+    ),
 ]
 
 LATEST_VERSION = max(v for v, _, _ in MIGRATIONS)
@@ -137,6 +163,8 @@ _CAND_JSON = ("parents", "components", "minibatch", "parent_minibatch", "scores"
 SEL_COLS = tuple(f for f in Selection.model_fields if f != "items")
 ITEM_COLS = tuple(SelectedTrajectory.model_fields)
 ADAPTER_COLS = tuple(AdapterRecord.model_fields)
+EXPERT_COLS = tuple(Expert.model_fields)
+EVENT_COLS = tuple(RegistryEvent.model_fields)
 _TRAJ_INTS = {"sample", "tier", "round", "prompt_tokens", "completion_tokens", "schema_version"}
 # Explicit types so an all-empty or all-int column does not make Arrow guess wrong.
 _TRAJ_ARROW = pa.schema(
@@ -497,7 +525,14 @@ class Store:
     # -- adapters ---------------------------------------------------------------------------------
 
     def put_adapter(self, a: AdapterRecord) -> None:
-        """Insert an adapter version, or replace the existing (name, version) row (e.g. a new status)."""
+        """Insert an adapter version, or replace the existing (name, version) row (e.g. a new status).
+
+        Only the expert's live version may carry the status 'promoted': ``set_live`` moves it, in one transaction.
+        """
+        if a.status == "promoted":
+            live = self.promoted_adapter(a.name)
+            if live is None or live.version != a.version:
+                raise ValueError(f"{a.ref}: a version becomes 'promoted' only through set_live (registry.promote)")
         self._write(_upsert_sql("adapters", ADAPTER_COLS, ("name", "version")), _to_row(a, ADAPTER_COLS, ("eval",)))
 
     def adapters(self, name: str | None = None) -> list[AdapterRecord]:
@@ -523,13 +558,97 @@ class Store:
         return int(row[0]) if row else 1
 
     def promoted_adapter(self, name: str) -> AdapterRecord | None:
-        """Newest promoted version of ``name``, or None if none is promoted."""
+        """The expert's live version, or None when the bare base model serves it (or the expert is unknown)."""
         row = self._one(
-            f"SELECT {_cols(ADAPTER_COLS)} FROM adapters WHERE name = ? AND status = 'promoted' "
-            "ORDER BY version DESC LIMIT 1",
-            [name],
+            f"SELECT {_cols(ADAPTER_COLS)} FROM adapters WHERE name = ? "
+            "AND version = (SELECT live_version FROM experts WHERE name = ?)",
+            [name, name],
         )
         return _from_row(AdapterRecord, ADAPTER_COLS, row, ("eval",)) if row else None
+
+    # -- experts and their live version -------------------------------------------------------------
+
+    def put_expert(self, e: Expert) -> None:
+        """Insert an expert or update its metadata; its live version changes only through ``set_live``."""
+        cols = tuple(c for c in EXPERT_COLS if c != "live_version")
+        self._write(_upsert_sql("experts", cols, ("name",)), _to_row(e, cols))
+
+    def experts(self) -> list[Expert]:
+        """Every expert, ordered by tier then name."""
+        rows = self._all(f"SELECT {_cols(EXPERT_COLS)} FROM experts ORDER BY tier, name")
+        return [_from_row(Expert, EXPERT_COLS, r) for r in rows]
+
+    def expert(self, name: str) -> Expert:
+        """One expert; KeyError naming the known ones if there is none of that name."""
+        row = self._one(f"SELECT {_cols(EXPERT_COLS)} FROM experts WHERE name = ?", [name])
+        if not row:
+            known = ", ".join(e.name for e in self.experts()) or "none yet"
+            raise KeyError(f"no expert {name!r} in {self.path} (known: {known})")
+        return _from_row(Expert, EXPERT_COLS, row)
+
+    def set_live(
+        self,
+        name: str,
+        version: int | None,
+        action: str,
+        detail: str = "",
+        eval: dict[str, Any] | None = None,
+        retries: int = 5,
+    ) -> int | None:
+        """Make ``version`` (None: the bare base model) the expert's live version; returns the previous one.
+
+        One transaction: the old live row becomes 'retired', the new one 'promoted' (its reason = ``detail``, and
+        ``eval`` when given), the expert's live_version moves and the event is written. All of it lands or none, so
+        a reader never sees zero or two live versions. A concurrent change of the same expert conflicts in DuckDB;
+        the loser retries on the new state.
+        """
+        for attempt in range(retries + 1):
+            try:
+                with self._tx():
+                    return self._set_live(name, version, action, detail, eval)
+            except duckdb.TransactionException:
+                if attempt == retries:
+                    raise StoreBusy(
+                        f"{self.path}: {name}'s live version kept changing under {retries} retries"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _set_live(self, name: str, version: int | None, action: str, detail: str, eval: dict | None) -> int | None:
+        """The steps of ``set_live``, inside its transaction."""
+        previous = self.expert(name).live_version
+        if previous is not None and previous != version:
+            self._write(
+                "UPDATE adapters SET status = 'retired', updated_at = current_timestamp WHERE name = ? AND version = ?",
+                [name, previous],
+            )
+        if version is not None:
+            changed = self._write(
+                "UPDATE adapters SET status = 'promoted', reason = ?, eval = coalesce(?, eval), "
+                "updated_at = current_timestamp WHERE name = ? AND version = ?",
+                [detail, None if eval is None else json.dumps(eval), name, version],
+            )
+            if not changed:
+                raise KeyError(f"no adapter {name}@v{version} in {self.path}")
+        self._write(
+            "UPDATE experts SET live_version = ?, updated_at = current_timestamp WHERE name = ?", [version, name]
+        )
+        self.put_event(
+            RegistryEvent(expert=name, action=action, version=version, previous_version=previous, detail=detail)
+        )
+        return previous
+
+    def put_event(self, e: RegistryEvent) -> None:
+        """Append one event to the registry's history."""
+        self._write(
+            f"INSERT INTO registry_events ({_cols(EVENT_COLS)}) VALUES ({_marks(len(EVENT_COLS))})",
+            _to_row(e, EVENT_COLS),
+        )
+
+    def events(self, name: str | None = None) -> list[RegistryEvent]:
+        """The registry's history, of one expert or all, oldest first."""
+        where, params = ("WHERE expert = ?", [name]) if name is not None else ("", [])
+        rows = self._all(f"SELECT {_cols(EVENT_COLS)} FROM registry_events {where} ORDER BY created_at, rowid", params)
+        return [_from_row(RegistryEvent, EVENT_COLS, r) for r in rows]
 
     # -- evaluations ------------------------------------------------------------------------------
 

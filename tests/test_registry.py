@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
 
+from autoevolve.cli import main
 from autoevolve.records import Cell, EvalReport
-from autoevolve.registry import check_adapter_folder, decide, register
+from autoevolve.registry import adapter_dir, add_expert, check_adapter_folder, decide, promote, register, rollback
 from autoevolve.store import Store
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -69,3 +71,147 @@ def test_bad_adapter_folders_are_refused(tmp_path: Path, kwargs: dict, message: 
         check_adapter_folder(_adapter(tmp_path / "a", **kwargs), BASE)
     with pytest.raises(ValueError, match="adapter_config.json is missing"):
         check_adapter_folder(tmp_path, BASE)
+
+
+def _three_versions(store: Store, tmp_path: Path) -> None:
+    """v1, v2, v3 of L1-life registered as candidates; nothing live yet."""
+    for v in (1, 2, 3):
+        _register(store, _adapter(tmp_path / f"a{v}"), parent=v - 1 or None)
+
+
+def _live(store: Store) -> list[int]:
+    """Versions whose row says 'promoted' (the invariant: exactly the expert's live version, or none)."""
+    return [a.version for a in store.adapters("L1-life") if a.status == "promoted"]
+
+
+def test_promote_and_rollback_move_the_live_version_and_keep_history(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        _three_versions(store, tmp_path)
+        assert store.expert("L1-life").live_version is None and store.promoted_adapter("L1-life") is None
+        promote(store, "L1-life", 1)
+        assert promote(store, "L1-life", 3, reason="v3 by hand").status == "promoted"
+        assert _live(store) == [3] and store.adapter("L1-life", 1).status == "retired"
+        assert rollback(store, "L1-life").version == 1  # the version live when v3 was promoted
+        assert _live(store) == [1] and store.promoted_adapter("L1-life").version == 1
+        assert rollback(store, "L1-life") is None  # before v1: the bare base model
+        assert _live(store) == [] and store.expert("L1-life").live_version is None
+        with pytest.raises(ValueError, match="has no live version to roll back"):
+            rollback(store, "L1-life")
+        history = [(e.action, e.previous_version, e.version) for e in store.events("L1-life")]
+    assert history == [("promote", None, 1), ("promote", 1, 3), ("rollback", 3, 1), ("rollback", 1, None)]
+
+
+def test_a_crash_between_steps_leaves_the_previous_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        _three_versions(store, tmp_path)
+        promote(store, "L1-life", 1)
+        write = store._write
+
+        def crash_before_the_expert_row(sql: str, params=()):  # noqa: ANN001, ANN202
+            if sql.startswith("UPDATE experts"):
+                raise RuntimeError("power cut")  # v1 already retired and v2 promoted inside the transaction
+            return write(sql, params)
+
+        monkeypatch.setattr(store, "_write", crash_before_the_expert_row)
+        with pytest.raises(RuntimeError, match="power cut"):
+            promote(store, "L1-life", 2)
+        monkeypatch.undo()
+        assert _live(store) == [1] and store.expert("L1-life").live_version == 1
+        assert store.adapter("L1-life", 2).status == "candidate" and len(store.events("L1-life")) == 1
+
+
+def test_racing_promotions_leave_exactly_one_live_version(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    with Store(path) as store:
+        _three_versions(store, tmp_path)
+    stores = [Store(path), Store(path)]  # two connections: two writers in one process
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def promote_many(store: Store, version: int) -> None:
+        try:
+            for _ in range(10):
+                barrier.wait()
+                promote(store, "L1-life", version)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=promote_many, args=(s, v)) for s, v in zip(stores, (2, 3), strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.close()
+    assert errors == []
+    with Store(path) as store:
+        live = store.expert("L1-life").live_version
+        assert live in (2, 3) and _live(store) == [live]
+        events = store.events("L1-life")
+    assert len(events) == 20 and all(e.previous_version in (None, 2, 3) for e in events)
+    assert [e.previous_version for e in events[1:]] == [e.version for e in events[:-1]]  # a serial history
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/path", "a/b", "L1..x", ""])
+def test_names_that_could_escape_the_adapter_directory_are_refused(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="is not allowed: use letters, digits"):
+        adapter_dir(tmp_path, name, 1)
+    with Store(tmp_path / "s.duckdb") as store, pytest.raises(ValueError, match="is not allowed"):
+        add_expert(store, name, BASE)
+    assert adapter_dir(tmp_path, "L1-life", 3) == (tmp_path / "L1-life-v3").resolve()
+
+
+def test_an_expert_is_metadata_and_its_base_model_is_enforced(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        add_expert(store, "L0-chat", BASE, tier=0, routing_rule="Small talk and anything else.")
+        assert store.adapters() == [] and store.expert("L0-chat").live_version is None
+        _register(store, _adapter(tmp_path / "a1"))  # an unknown expert is made on first registration
+        promote(store, "L1-life", 1)
+        updated = add_expert(store, "L1-life", BASE, routing_rule="Bookings: tables, hotels, rides, events.")
+        assert updated.live_version == 1 and updated.routing_rule.startswith("Bookings")  # metadata only
+        assert [e.name for e in store.experts()] == ["L0-chat", "L1-life"]
+        with pytest.raises(ValueError, match="is built on 'HuggingFaceTB/SmolLM2-135M-Instruct', not 'other/m'"):
+            add_expert(store, "L1-life", "other/m")
+        with pytest.raises(ValueError, match="but expert L1-life is built on"):
+            register(
+                store,
+                name="L1-life",
+                path=_adapter(tmp_path / "other", base="other/m"),
+                base_model="other/m",
+                parent_version=None,
+                run_id="r",
+                round=0,
+                hcp_id="h",
+                evolved_hcp_id="h",
+                selection_id="s",
+            )
+        with pytest.raises(KeyError, match=r"no expert 'L9' .*\(known: L0-chat, L1-life\)"):
+            store.expert("L9")
+
+
+def test_registry_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "s.duckdb")
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        code = main(["registry", "--store", db, *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert cli("list") == (2, "", f"autoevolve: no store at {db} (pass --store PATH)\n")
+    assert cli("add-expert", "L0-chat", "--base-model", BASE, "--tier", "0", "--rule", "Anything else.")[0] == 0
+    with Store(db) as store:
+        _three_versions(store, tmp_path)
+    assert cli("promote", "L1-life", "2") == (0, "L1-life@v2 is live\n", "")
+    code, out, _ = cli("list")
+    assert code == 0 and out.splitlines()[1].split()[:4] == ["L0-chat", "0", "base", "0"]
+    assert out.splitlines()[2].split()[:4] == ["L1-life", "1", "v2", "3"]
+    code, out, _ = cli("show", "L1-life")
+    assert "live v2" in out and "promote     base -> v2  promoted by hand" in out
+    assert cli("rollback", "L1-life") == (0, "the bare base model is live for L1-life\n", "")
+    code, _, err = cli("promote", "L1-life", "7")
+    assert code == 2 and err == f"autoevolve: no adapter L1-life@v7 in {db}\n"
+    code, _, err = cli("show", "L9")
+    assert code == 2 and err.startswith("autoevolve: no expert 'L9'")
+    code, _, err = cli("add-expert", "../x", "--base-model", BASE)
+    assert code == 2 and "expert name '../x' is not allowed" in err

@@ -15,6 +15,7 @@ from autoevolve.records import (
     Candidate,
     Cell,
     EvalReport,
+    Expert,
     Message,
     SelectedTrajectory,
     Selection,
@@ -87,9 +88,32 @@ def test_lineage_migration_keeps_old_parents(tmp_path: Path, monkeypatch: pytest
         )
     monkeypatch.undo()
     with Store(path) as s:
-        assert s.schema_version() == 4
+        assert s.schema_version() == LATEST_VERSION
         rows = {c.hcp_id: c for c in s.candidates("r")}
     assert rows["h1"].parents == ["h0"] and rows["h0"].parents == [] and rows["h1"].scores == {"t1": 1.0}
+
+
+def test_experts_migration_makes_the_newest_promoted_version_live(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    path = tmp_path / "v4.duckdb"
+    monkeypatch.setattr(store_mod, "MIGRATIONS", [m for m in MIGRATIONS if m[0] <= 4])
+    rows = [
+        ("L1-life", 1, "promoted"),
+        ("L1-life", 2, "promoted"),
+        ("L1-life", 3, "rejected"),
+        ("L2-x", 1, "candidate"),
+    ]
+    with Store(path) as s:
+        for name, version, status in rows:
+            s.put_adapter(AdapterRecord(name=name, version=version, base_model="m", path="/a", hcp_id="h"))
+            s.con.execute("UPDATE adapters SET status = ? WHERE name = ? AND version = ?", [status, name, version])
+    monkeypatch.undo()
+    with Store(path) as s:
+        assert [(e.name, e.base_model, e.live_version) for e in s.experts()] == [
+            ("L1-life", "m", 2),
+            ("L2-x", "m", None),
+        ]
+        assert [a.status for a in s.adapters("L1-life")] == ["retired", "promoted", "rejected"]
+        assert s.promoted_adapter("L1-life").version == 2 and s.events() == []
 
 
 def test_newer_schema_refused(tmp_path: Path) -> None:
@@ -306,7 +330,8 @@ def test_adapter_versioning_and_promotion(store: Store) -> None:
     store.put_adapter(v1)
     assert store.next_adapter_version("L1-life") == 2
     assert store.adapter("L1-life", 1) == v1
-    store.put_adapter(v1.model_copy(update={"status": "promoted"}))
+    store.put_expert(Expert(name="L1-life", base_model="qwen"))
+    assert store.set_live("L1-life", 1, "promote", detail="first") is None
     v2 = AdapterRecord(
         name="L1-life",
         version=2,
@@ -314,16 +339,18 @@ def test_adapter_versioning_and_promotion(store: Store) -> None:
         path="/a/v2",
         hcp_id="h0",
         parent_version=1,
-        status="promoted",
-        reason="beat v1",
     )
     store.put_adapter(v2)
     store.put_adapter(AdapterRecord(name="L2-x", version=1, base_model="qwen", path="/b", hcp_id="h9"))
-    assert store.promoted_adapter("L1-life") == v2
+    with pytest.raises(ValueError, match="L1-life@v2: a version becomes 'promoted' only through set_live"):
+        store.put_adapter(v2.model_copy(update={"status": "promoted"}))
+    assert store.set_live("L1-life", 2, "promote", detail="beat v1") == 1
+    assert store.promoted_adapter("L1-life") == v2.model_copy(update={"status": "promoted", "reason": "beat v1"})
     assert [a.ref for a in store.adapters()] == ["L1-life@v1", "L1-life@v2", "L2-x@v1"]
-    assert [a.status for a in store.adapters("L1-life")] == ["promoted", "promoted"]
-    store.put_adapter(v2.model_copy(update={"status": "retired"}))
-    assert store.promoted_adapter("L1-life").version == 1
+    assert [a.status for a in store.adapters("L1-life")] == ["retired", "promoted"]
+    store.put_adapter(store.adapter("L1-life", 2).model_copy(update={"reason": "beat v1 on dev"}))  # live: allowed
+    assert store.set_live("L1-life", 1, "rollback") == 2
+    assert store.promoted_adapter("L1-life").version == 1 and store.promoted_adapter("L2-x") is None
     assert store.next_adapter_version("L1-life") == 3
     with pytest.raises(KeyError, match="L1-life@v9"):
         store.adapter("L1-life", 9)
