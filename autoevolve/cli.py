@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one self-evolution round from a run config", description=_RUN_HELP)
     run.add_argument("config", help="run config YAML, e.g. configs/quickstart.yaml")
+    run.add_argument(
+        "--auto-approve", action="store_true", help="promote without pausing for approval (registry.approval)"
+    )
     check = sub.add_parser("check", help="validate a run config and its HCP file")
     check.add_argument("config", help="run config YAML")
     cands = sub.add_parser("candidates", help="list a run's stage-1 candidates with lineage and scores")
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id})")
         return 0
+    if args.auto_approve:
+        config.registry.approval = False
     return _run(config)
 
 
@@ -113,6 +118,8 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
     back = act.add_parser("rollback", help="put back the version live before the current one")
     back.add_argument("name")
     back.add_argument("--reason", default="rolled back by hand")
+    for p in (pro, back):
+        p.add_argument("--config", help="run config whose registry.hooks to fire (default: fire none)")
     add = act.add_parser("add-expert", help="register an expert (metadata only) or update its tier and rule")
     add.add_argument("name", help="e.g. L2-code (letters, digits, '.', '_', '-')")
     add.add_argument("--base-model", required=True, help="base model id every version must be trained on")
@@ -135,10 +142,10 @@ def _registry(args: argparse.Namespace) -> int:
             elif args.action == "show":
                 print(registry.format_expert(store, args.name))
             elif args.action == "promote":
-                adapter = registry.promote(store, args.name, args.version, args.reason)
+                adapter = registry.promote(store, args.name, args.version, args.reason, _publisher(args.config))
                 print(f"{adapter.ref} is live")
             elif args.action == "rollback":
-                adapter = registry.rollback(store, args.name, args.reason)
+                adapter = registry.rollback(store, args.name, args.reason, _publisher(args.config))
                 print(f"{adapter.ref if adapter else 'the bare base model'} is live for {args.name}")
             else:
                 e = registry.add_expert(store, args.name, args.base_model, args.tier, args.rule)
@@ -149,7 +156,17 @@ def _registry(args: argparse.Namespace) -> int:
     except (ValueError, StoreBusy) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
+    except registry.PromotionRolledBack as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported lazily
+    """The hooks of a run config's registry section (none without a config)."""
+    from autoevolve.registry import Publisher
+
+    return Publisher.from_settings(load_config(config_path).registry) if config_path else None
 
 
 def _run(config: RunConfig) -> int:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autoevolve.distill.grpo import GRPOSettings
 from autoevolve.hcp import COMPONENTS, HCPConfig
+from autoevolve.hooks import HookSettings
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
 
@@ -192,6 +193,22 @@ class GateSettings(Section):
     guard: GuardSettings | None = Field(default=None, description="Tasks the new adapter must not lose on; None: off.")
 
 
+class RegistrySettings(Section):
+    """What a promotion tells the serving fleet, what happens when that fails, and who approves it."""
+
+    hooks: list[HookSettings] = Field(
+        default_factory=list, description="Fired on every change of the live version: vllm, webhook or command."
+    )
+    retries: int = Field(default=2, ge=0, description="Retries of a failing hook before it counts as failed.")
+    on_hook_failure: Literal["rollback", "keep"] = Field(
+        default="rollback", description="rollback: put the previous version back; keep: stay live, flagged."
+    )
+    approval: bool = Field(
+        default=False, description="Pause the round before a promotion until a person approves (--auto-approve: skip)."
+    )
+    approval_timeout_s: int = Field(default=3600, gt=0, description="Seconds to wait for approval before rejecting.")
+
+
 class RunConfig(Section):
     """One run of the loop."""
 
@@ -208,6 +225,7 @@ class RunConfig(Section):
     select: SelectSettings = Field(default_factory=SelectSettings)
     distill: DistillSettings = Field(default_factory=DistillSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
 
     def original_hcp(self) -> HCPConfig:
         """The original HCP config named by ``hcp``."""

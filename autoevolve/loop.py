@@ -160,8 +160,8 @@ def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tupl
     return record, result
 
 
-def stage_gate(r: Round, evolved: EvolveResult, record: AdapterRecord) -> tuple[EvalReport, AdapterRecord]:
-    """Gate on dev: promote A_{r+1} only if it beats A_r under the original config; record why either way."""
+def stage_gate(r: Round, evolved: EvolveResult, record: AdapterRecord) -> EvalReport:
+    """Gate on dev: should A_{r+1} replace A_r under the original config? (The guard set can still say no.)"""
     dev = r.bench.env.tasks("dev")[: r.config.gate.dev_tasks]
     report = gate(r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain)
     g = r.config.gate.guard
@@ -171,7 +171,19 @@ def stage_gate(r: Round, evolved: EvolveResult, record: AdapterRecord) -> tuple[
         hcp = HCPConfig.from_yaml(g.hcp) if g.hcp else r.original
         tasks = bench.env.tasks("dev")[: g.tasks]
         report = with_guard(bench, report, guard_check(bench, hcp, r.base_ref, record.ref, tasks, g.tolerance, g.label))
-    return report, registry.decide(r.bench.store, record, report)
+    return report
+
+
+def declined(r: Round, report: EvalReport, why: str) -> EvalReport:
+    """The gate's report turned into a rejection by the approval step, with why."""
+    report = report.model_copy(update={"decision": "reject", "reason": f"{report.reason}; not approved: {why}"})
+    r.bench.store.put_evaluation(report)
+    return report
+
+
+def stage_decide(r: Round, record: AdapterRecord, report: EvalReport) -> AdapterRecord:
+    """Promote or reject in the registry as the (approved) report says; promotion hooks tell the fleet."""
+    return registry.decide(r.bench.store, record, report, registry.Publisher.from_settings(r.config.registry))
 
 
 def stage_report(r: Round, evolved: EvolveResult, record: AdapterRecord) -> EvalReport:

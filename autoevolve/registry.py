@@ -8,12 +8,35 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from autoevolve.records import AdapterRecord, EvalReport, Expert
+from autoevolve.config import RegistrySettings
+from autoevolve.hooks import Hook, HookFailure, PromotionEvent, fire_all, make_hook
+from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent
 from autoevolve.store import Store
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+class PromotionRolledBack(RuntimeError):
+    """A hook failed after the live version moved, so the previous version was put back."""
+
+
+@dataclass
+class Publisher:
+    """The promotion hooks and what to do when one fails after its retries."""
+
+    hooks: list[Hook] = field(default_factory=list)
+    retries: int = 2
+    on_failure: Literal["rollback", "keep"] = "rollback"
+    backoff_s: float = 0.5
+
+    @classmethod
+    def from_settings(cls, s: RegistrySettings) -> Publisher:
+        """From a run config's ``registry`` section."""
+        return cls([make_hook(h) for h in s.hooks], s.retries, s.on_hook_failure)
 
 
 def check_name(name: str) -> str:
@@ -90,8 +113,13 @@ def register(
     return record
 
 
-def decide(store: Store, record: AdapterRecord, report: EvalReport) -> AdapterRecord:
-    """Apply the gate's decision: promote (retiring the live version) or reject, with the reason and eval."""
+def decide(
+    store: Store, record: AdapterRecord, report: EvalReport, publisher: Publisher | None = None
+) -> AdapterRecord:
+    """Apply the gate's decision: promote (retiring the live version) or reject, with the reason and eval.
+
+    A promotion whose hooks fail and are rolled back comes back with status 'retired' and the failure as reason.
+    """
     summary = {
         "decision": report.decision,
         "reason": report.reason,
@@ -106,19 +134,29 @@ def decide(store: Store, record: AdapterRecord, report: EvalReport) -> AdapterRe
         store.put_adapter(rejected)
         return rejected
     store.put_adapter(record.model_copy(update={"eval": summary}))
-    store.set_live(record.name, record.version, "promote", detail=report.reason)
-    return store.adapter(record.name, record.version)
+    try:
+        return promote(store, record.name, record.version, report.reason, publisher)
+    except PromotionRolledBack:
+        return store.adapter(record.name, record.version)
 
 
-def promote(store: Store, name: str, version: int, reason: str = "promoted by hand") -> AdapterRecord:
-    """Make a registered version the expert's live one (any status: a rejected candidate can be forced live)."""
+def promote(
+    store: Store, name: str, version: int, reason: str = "promoted by hand", publisher: Publisher | None = None
+) -> AdapterRecord:
+    """Make a registered version the expert's live one and tell the fleet (any status: a rejected one can be forced).
+
+    Raises PromotionRolledBack when a hook fails and the publisher rolls back; the store then holds the failure.
+    """
     adapter = store.adapter(name, version)
     check_adapter_folder(Path(adapter.path), store.expert(name).base_model)  # still there, still safetensors
-    store.set_live(name, version, "promote", detail=reason)
+    previous = store.set_live(name, version, "promote", detail=reason)
+    announce(store, name, "promote", previous, publisher)
     return store.adapter(name, version)
 
 
-def rollback(store: Store, name: str, reason: str = "rolled back by hand") -> AdapterRecord | None:
+def rollback(
+    store: Store, name: str, reason: str = "rolled back by hand", publisher: Publisher | None = None
+) -> AdapterRecord | None:
     """Put back the version that was live when the current one was promoted (None: the bare base); returns it."""
     live = store.expert(name).live_version
     if live is None:
@@ -126,7 +164,55 @@ def rollback(store: Store, name: str, reason: str = "rolled back by hand") -> Ad
     made_live = [e for e in store.events(name) if e.version == live and e.action == "promote"]
     target = made_live[-1].previous_version if made_live else None
     store.set_live(name, target, "rollback", detail=reason)
+    announce(store, name, "rollback", live, publisher)
     return store.adapter(name, target) if target is not None else None
+
+
+def announce(
+    store: Store, name: str, action: Literal["promote", "rollback"], previous: int | None, publisher: Publisher | None
+) -> list[HookFailure]:
+    """Fire the hooks for a change of the live version; on failure, record it and roll back or keep, as configured."""
+    if publisher is None or not publisher.hooks:
+        return []
+    failures = fire_all(publisher.hooks, _event(store, name, action, previous), publisher.retries, publisher.backoff_s)
+    if not failures:
+        return []
+    live = store.expert(name).live_version
+    detail = "; ".join(f"{f.hook} failed after {f.attempts} attempt(s): {f.error}" for f in failures)
+    undo = action == "promote" and publisher.on_failure == "rollback"
+    outcome = f"v{live} rolled back" if undo else f"{action} stands, flagged"
+    store.put_event(
+        RegistryEvent(
+            expert=name, action="hook_failed", version=live, previous_version=previous, detail=f"{outcome}: {detail}"
+        )
+    )
+    if undo:
+        store.set_live(name, previous, "rollback", detail=f"promotion hook failed: {detail}")
+        failed = store.adapter(name, live)  # type: ignore[arg-type]
+        store.put_adapter(failed.model_copy(update={"reason": f"promotion rolled back, a hook failed: {detail}"}))
+        announce(
+            store, name, "rollback", live, Publisher(publisher.hooks, publisher.retries, "keep", publisher.backoff_s)
+        )
+        raise PromotionRolledBack(f"{name}@v{live}: promotion rolled back: {detail}")
+    return failures
+
+
+def _event(store: Store, name: str, action: Literal["promote", "rollback"], previous: int | None) -> PromotionEvent:
+    """The event hooks get: the expert's live version now and the one before."""
+    expert = store.expert(name)
+    live = store.promoted_adapter(name)
+    before = store.adapter(name, previous) if previous is not None else None
+    return PromotionEvent(
+        action=action,
+        expert=name,
+        served_name=name,
+        version=live.version if live else None,
+        path=live.path if live else None,
+        previous_version=previous,
+        previous_path=before.path if before else None,
+        base_model=expert.base_model,
+        eval=live.eval if live else {},
+    )
 
 
 def check_adapter_folder(path: Path, base_model: str) -> None:

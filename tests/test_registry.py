@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from autoevolve.cli import main
+from autoevolve.hooks import CommandHook, CommandHookSettings, VLLMHook, VLLMHookSettings
 from autoevolve.records import Cell, EvalReport
-from autoevolve.registry import adapter_dir, add_expert, check_adapter_folder, decide, promote, register, rollback
+from autoevolve.registry import (
+    PromotionRolledBack,
+    Publisher,
+    adapter_dir,
+    add_expert,
+    check_adapter_folder,
+    decide,
+    promote,
+    register,
+    rollback,
+)
 from autoevolve.store import Store
+from tests.test_hooks import servers  # noqa: F401 - fixture: fake vLLM servers
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -215,3 +228,60 @@ def test_registry_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 2 and err.startswith("autoevolve: no expert 'L9'")
     code, _, err = cli("add-expert", "../x", "--base-model", BASE)
     assert code == 2 and "expert name '../x' is not allowed" in err
+
+
+@pytest.mark.parametrize("failure", ["500", "timeout"])
+def test_a_failing_vllm_hook_rolls_the_promotion_back(tmp_path: Path, servers, failure: str) -> None:  # noqa: ANN001, F811
+    with Store(tmp_path / "s.duckdb") as store:
+        _three_versions(store, tmp_path)
+        promote(store, "L1-life", 1)
+        v1, v2 = store.adapter("L1-life", 1), store.adapter("L1-life", 2)
+        server = servers({"L1-life": v1.path})
+        if failure == "500":
+            server.load_status = 500
+        else:
+            server.load_delay = 1.0
+        hook = VLLMHook(VLLMHookSettings(kind="vllm", servers=[server.url], timeout_s=0.2))
+        error = "load_lora_adapter answered 500" if failure == "500" else "load_lora_adapter timed out after 0.2 s"
+        with pytest.raises(PromotionRolledBack, match=f"L1-life@v2: promotion rolled back: vllm .*{error}"):
+            promote(store, "L1-life", 2, publisher=Publisher([hook], retries=1, backoff_s=0))
+        assert store.expert("L1-life").live_version == 1 and _live(store) == [1]
+        failed = store.adapter("L1-life", 2)
+        events = store.events("L1-life")
+    assert failed.status == "retired" and failed.reason.startswith("promotion rolled back, a hook failed: vllm")
+    assert error in failed.reason and v2.path not in server.loaded.values()
+    assert [(e.action, e.previous_version, e.version) for e in events] == [
+        ("promote", None, 1),
+        ("promote", 1, 2),
+        ("hook_failed", 1, 2),
+        ("rollback", 2, 1),
+        ("hook_failed", 2, 1),  # the fleet could not be told about the rollback either: recorded, not hidden
+    ]
+    assert events[2].detail.startswith("v2 rolled back: vllm") and "after 2 attempt(s)" in events[2].detail
+    loads = [c for c in server.calls() if c[1] == "/v1/load_lora_adapter"]
+    assert loads[:2] == [("POST", "/v1/load_lora_adapter", {"lora_name": "L1-life", "lora_path": v2.path})] * 2
+    assert loads[2][2] == {"lora_name": "L1-life", "lora_path": v1.path}  # the rollback asked for v1 again
+
+
+def test_hooks_hear_promotions_and_rollbacks_and_a_kept_failure_is_flagged(tmp_path: Path) -> None:
+    heard = tmp_path / "heard.jsonl"
+    script = f"import sys; open({str(heard)!r}, 'a').write(sys.stdin.read() + '\\n')"
+    listener = CommandHook(CommandHookSettings(kind="command", command=[sys.executable, "-c", script]))
+    broken = CommandHook(CommandHookSettings(kind="command", command=[sys.executable, "-c", "raise SystemExit(3)"]))
+    with Store(tmp_path / "s.duckdb") as store:
+        _three_versions(store, tmp_path)
+        publisher = Publisher([listener], retries=0, backoff_s=0)
+        promote(store, "L1-life", 1, publisher=publisher)
+        promote(store, "L1-life", 2, publisher=publisher)
+        rollback(store, "L1-life", publisher=publisher)
+        kept = promote(store, "L1-life", 3, publisher=Publisher([broken], retries=0, on_failure="keep", backoff_s=0))
+        last = store.events("L1-life")[-1]
+    bodies = [json.loads(line) for line in heard.read_text().splitlines()]
+    assert [(b["action"], b["previous_version"], b["version"]) for b in bodies] == [
+        ("promote", None, 1),
+        ("promote", 1, 2),
+        ("rollback", 2, 1),
+    ]
+    assert bodies[1]["path"] == str(tmp_path / "a2") and bodies[1]["base_model"] == BASE
+    assert kept.status == "promoted" and last.action == "hook_failed" and last.version == 3
+    assert last.detail.startswith("promote stands, flagged: command ") and "exit 3" in last.detail
