@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
+import pytest
+
 from autoevolve.config import load_config
+from autoevolve.envs.life import LifeEnv
+from autoevolve.records import Cell, EvalReport
 from autoevolve.store import Store
+from autoevolve.workbench import Workbench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,3 +61,54 @@ def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_mod
     # Each round counts its own; round 1 tried the same configs with the same (bare) model, so reused them all.
     assert [r["rollouts"] for r in rows] == per_round == [12, 0]
     assert [c.mutator for c in second] == ["seed", "tool_format"]  # round 1 searched and recorded its own ledger
+
+
+@pytest.mark.parametrize(
+    ("answer", "decision", "reason_end"),
+    [
+        ({"approve": True}, "promote", "CI above 0"),
+        ({"approve": False, "note": "too risky"}, "reject", "; not approved: declined: too risky"),
+        (None, "reject", "; not approved: no answer within 2 s"),
+    ],
+)
+def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect_harness, answer, decision, reason_end):  # noqa: ANN001
+    from prefect import flow, resume_flow_run
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    from autoevolve import loop
+    from flows.round import approval
+    from tests.test_select import NoCalls
+
+    config = _tiny_config(tmp_path, tmp_path, "registry: {approval: true, approval_timeout_s: 2}\n")
+    cell = Cell(adapter="", hcp_id="h", mean=0.5, n=4)
+    dev = EvalReport(
+        run_id="tiny",
+        round=0,
+        split="dev",
+        cells={"base_original": cell},
+        decision="promote",
+        reason="gain +0.5, 95% CI [+0.25, +0.75]; required: gain > 0.000 and CI above 0",
+    )
+    with Store(tmp_path / "s.duckdb") as store:
+        bench = Workbench(NoCalls(), LifeEnv(tiers=(1,)), store, run_id="tiny", progress=None)
+        r = loop.Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=None)
+        ids, results = [], []
+
+        @flow
+        def promotion() -> EvalReport:
+            ids.append(flow_run.id)
+            return approval(r, dev, poll_s=1)
+
+        thread = threading.Thread(target=lambda: results.append(promotion()))
+        thread.start()
+        with get_client(sync_client=True) as client:
+            while not ids or not client.read_flow_run(ids[0]).state.is_paused():
+                time.sleep(0.2)
+        if answer is not None:
+            resume_flow_run(ids[0], run_input=answer)
+        thread.join(timeout=30)
+        stored = store.evaluations("tiny")
+    [report] = results
+    assert report.decision == decision and report.reason.endswith(reason_end)
+    assert stored == ([] if decision == "promote" else [report])
