@@ -29,7 +29,7 @@ class Section(BaseModel):
 class EnvSettings(Section):
     """The environment and its task splits."""
 
-    name: Literal["life", "fncall"] = "life"
+    name: Literal["life", "fncall", "router"] = "life"
     seed: int = Field(default=0, description="World and task generation seed.")
     tiers: list[int] = Field(
         default=[1, 2, 3], description="Task tiers to use (life: 1 one call, 2 search+act, 3 choose; fncall: 1, 2)."

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 SCHEMA_VERSION = 1
 
@@ -58,6 +58,17 @@ class Message(BaseModel):
     content: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list, description="Calls the assistant made, if any.")
     tool_call_id: str | None = Field(default=None, description="For role 'tool': the call answered.")
+    adapter: str | None = Field(
+        default=None, description="For role 'assistant' in a routed conversation: the adapter that wrote it."
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_unset_adapter(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave ``adapter`` out unless set: stored rows and HCP ids (demos hold messages) stay as they were."""
+        data = handler(self)
+        if data.get("adapter") is None:
+            data.pop("adapter", None)
+        return data
 
 
 class Task(Record):

@@ -67,9 +67,9 @@ def rollout(
 
 def score_reply(env: Environment, hcp: HCPConfig, task: Task, text: str) -> float:
     """The environment's reward for an episode of one reply: its tool call run (else the final answer), then scored."""
-    run = _Run(task=task, sample=0, episode=env.start(task), messages=[Message(role="user", content=task.request)])
-    _advance(run, Completion(text=text), hcp)
-    return 0.0 if run.error else run.episode.score(run.messages)[0]
+    episode, messages = env.start(task), [Message(role="user", content=task.request)]
+    _, error = apply(Completion(text=text), hcp, task, episode, messages)
+    return 0.0 if error else episode.score(messages)[0]
 
 
 def _request(hcp: HCPConfig, run: _Run, seed: int) -> ChatRequest:
@@ -88,39 +88,54 @@ def _request(hcp: HCPConfig, run: _Run, seed: int) -> ChatRequest:
 
 
 def _advance(run: _Run, completion: Completion, hcp: HCPConfig) -> None:
-    """Apply one model reply: run its tool call, or take it as the final answer, or record why it failed."""
+    """Apply one model reply to an episode in flight and count its tokens and time."""
     run.steps += 1
     run.prompt_tokens = run.prompt_tokens or completion.prompt_tokens
     run.completion_tokens += completion.completion_tokens
     run.latency_s += completion.latency_s
+    run.done, run.error = apply(completion, hcp, run.task, run.episode, run.messages, call_id=f"call_{run.steps}")
+
+
+def apply(
+    completion: Completion,
+    hcp: HCPConfig,
+    task: Task,
+    episode: Episode,
+    messages: list[Message],
+    call_id: str = "call_1",
+    adapter: str | None = None,
+) -> tuple[bool, str]:
+    """Apply one model reply: run its tool call, or take it as the final answer, or say why it failed.
+
+    Appends the reply (and the tool result) to ``messages``, the assistant message tagged with ``adapter`` when
+    given; returns (done, error): done once the episode needs no further model call, error '' unless it failed.
+    """
     if completion.error:
-        run.error, run.done = f"backend error: {completion.error}", True
-        return
+        return True, f"backend error: {completion.error}"
     try:
-        call = _call_of(completion, hcp, run)
+        call = _call_of(completion, hcp, task)
         if call is None:
-            run.messages.append(Message(role="assistant", content=completion.text.strip()))
-            run.done = True
-            return
+            messages.append(Message(role="assistant", content=completion.text.strip(), adapter=adapter))
+            return True, ""
         name, arguments = call
-        tools = hcp.tools_for(run.task)
+        tools = hcp.tools_for(task)
         spec = next((t for t in tools if t["function"]["name"] == name), None)
         if spec is None:
             raise CallError(f"unknown tool {name!r} (known: {', '.join(_names(tools))})")
         arguments = check_arguments(spec, arguments)
-        tool_call = ToolCall.make(f"call_{run.steps}", name, arguments)
-        run.messages.append(Message(role="assistant", content="", tool_calls=[tool_call]))
-        result = run.episode.call(name, arguments)
-        run.messages.append(Message(role="tool", content=result, tool_call_id=tool_call.id))
-        run.done = run.episode.finished  # e.g. a function-calling question ends with its one call
+        tool_call = ToolCall.make(call_id, name, arguments)
+        messages.append(Message(role="assistant", content="", tool_calls=[tool_call], adapter=adapter))
+        result = episode.call(name, arguments)
+        messages.append(Message(role="tool", content=result, tool_call_id=tool_call.id))
+        return episode.finished, ""  # e.g. a function-calling question ends with its one call
     except CallError as exc:
-        run.messages.append(Message(role="assistant", content=completion.text))
-        run.error, run.done = str(exc), True
+        messages.append(Message(role="assistant", content=completion.text, adapter=adapter))
+        return True, str(exc)
     except KeyError as exc:  # the environment does not know the tool
-        run.error, run.done = f"unknown tool: {exc}", True
+        return True, f"unknown tool: {exc}"
 
 
-def _call_of(completion: Completion, hcp: HCPConfig, run: _Run) -> tuple[str, dict] | None:
+def _call_of(completion: Completion, hcp: HCPConfig, task: Task) -> tuple[str, dict] | None:
     """The tool call in a completion: a native one if the backend parsed it, else parsed from text."""
     if completion.tool_calls:
         call = completion.tool_calls[0]
@@ -128,7 +143,7 @@ def _call_of(completion: Completion, hcp: HCPConfig, run: _Run) -> tuple[str, di
             return call.name, call.arguments
         except ValueError as exc:
             raise CallError(f"arguments of {call.name!r} are not valid JSON: {exc}") from None
-    return parse(completion.text, _names(hcp.tools_for(run.task)))
+    return parse(completion.text, _names(hcp.tools_for(task)))
 
 
 def _names(tools: list[dict]) -> list[str]:

@@ -79,6 +79,15 @@ def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> 
         load_config(_write(tmp_path, text))
 
 
+def test_router_config_builds_its_environment() -> None:
+    from autoevolve.envs import make_env
+
+    config = load_config(ROOT / "configs/router.yaml")
+    env = make_env(config.env.name, **config.env.options())
+    assert config.expert == "L0-chat" and len(env.tasks("dev")) == 48
+    assert config.original_hcp().tools_for(env.tasks("dev")[0])[0]["function"]["name"] == "change_model"
+
+
 def test_fncall_config_builds_its_environment() -> None:
     from autoevolve.envs import make_env
 

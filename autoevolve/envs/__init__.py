@@ -53,4 +53,8 @@ def make_env(name: str, **options: Any) -> Environment:
         from autoevolve.envs.fncall import FncallEnv
 
         return FncallEnv(**options)
-    raise ValueError(f"unknown environment {name!r} (known: life, fncall)")
+    if name == "router":
+        from autoevolve.envs.router import RouterEnv
+
+        return RouterEnv(**options)
+    raise ValueError(f"unknown environment {name!r} (known: life, fncall, router)")
