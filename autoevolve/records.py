@@ -7,6 +7,7 @@ Messages use the OpenAI chat wire format (tool-call ``arguments`` is a JSON stri
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
@@ -186,6 +187,7 @@ class RegistryEvent(Record):
     version: int | None = Field(description="Live version after the change (None: the bare base model).")
     previous_version: int | None = Field(description="Live version before it.")
     detail: str = ""
+    at: datetime | None = Field(default=None, description="When it was recorded (set by the store).")
 
 
 class AdapterRecord(Record):

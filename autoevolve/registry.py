@@ -246,12 +246,16 @@ def format_expert(store: Store, name: str) -> str:
         f"routing rule: {e.routing_rule or '-'}",
         "",
     ]
-    lines.append(f"{'version':<9}{'status':<10}{'parent':<8}{'run':<18}{'round':>6}{'dev gain':>10}  reason")
+    lines.append(
+        f"{'version':<9}{'status':<10}{'parent':<8}{'registered':<18}{'run':<18}{'round':>6}{'dev gain':>10}  reason"
+    )
+    created = store.adapter_created(name)
     for a in store.adapters(name):
         gain = a.eval.get("gain")
         lines.append(
             f"v{a.version:<8}{a.status:<10}{'v' + str(a.parent_version) if a.parent_version else '-':<8}"
-            f"{a.run_id or '-':<18}{a.round:>6}{'-' if gain is None else f'{gain:+.3f}':>10}  {a.reason[:90]}"
+            f"{created[a.version]:%Y-%m-%d %H:%M}  {a.run_id or '-':<18}{a.round:>6}"
+            f"{'-' if gain is None else f'{gain:+.3f}':>10}  {a.reason[:90]}"
         )
     events = store.events(name)
     if events:
@@ -259,5 +263,6 @@ def format_expert(store: Store, name: str) -> str:
         for ev in events:
             before = "base" if ev.previous_version is None else f"v{ev.previous_version}"
             after = "base" if ev.version is None else f"v{ev.version}"
-            lines.append(f"  {ev.action:<12}{before} -> {after}  {ev.detail[:100]}")
+            when = f"{ev.at:%Y-%m-%d %H:%M:%S}" if ev.at else ""
+            lines.append(f"  {when}  {ev.action:<12}{before} -> {after}  {ev.detail[:100]}")
     return "\n".join(lines)

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -164,7 +165,7 @@ SEL_COLS = tuple(f for f in Selection.model_fields if f != "items")
 ITEM_COLS = tuple(SelectedTrajectory.model_fields)
 ADAPTER_COLS = tuple(AdapterRecord.model_fields)
 EXPERT_COLS = tuple(Expert.model_fields)
-EVENT_COLS = tuple(RegistryEvent.model_fields)
+EVENT_COLS = tuple(c for c in RegistryEvent.model_fields if c != "at")  # 'at' is the row's created_at
 _TRAJ_INTS = {"sample", "tier", "round", "prompt_tokens", "completion_tokens", "schema_version"}
 # Explicit types so an all-empty or all-int column does not make Arrow guess wrong.
 _TRAJ_ARROW = pa.schema(
@@ -647,8 +648,14 @@ class Store:
     def events(self, name: str | None = None) -> list[RegistryEvent]:
         """The registry's history, of one expert or all, oldest first."""
         where, params = ("WHERE expert = ?", [name]) if name is not None else ("", [])
-        rows = self._all(f"SELECT {_cols(EVENT_COLS)} FROM registry_events {where} ORDER BY created_at, rowid", params)
-        return [_from_row(RegistryEvent, EVENT_COLS, r) for r in rows]
+        rows = self._all(
+            f"SELECT {_cols(EVENT_COLS)}, created_at FROM registry_events {where} ORDER BY created_at, rowid", params
+        )
+        return [_from_row(RegistryEvent, (*EVENT_COLS, "at"), r) for r in rows]
+
+    def adapter_created(self, name: str) -> dict[int, datetime]:
+        """When each version of an expert was registered."""
+        return dict(self._all("SELECT version, created_at FROM adapters WHERE name = ?", [name]))
 
     # -- evaluations ------------------------------------------------------------------------------
 
