@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from autoevolve.distill.grpo import GRPOSettings
 from autoevolve.hcp import COMPONENTS, HCPConfig
 from autoevolve.hooks import HookSettings
+from autoevolve.records import check_name
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
 
@@ -226,6 +227,12 @@ class RunConfig(Section):
     distill: DistillSettings = Field(default_factory=DistillSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+
+    @field_validator("expert")
+    @classmethod
+    def _safe_expert(cls, name: str) -> str:
+        """The expert's name becomes folder and served LoRA names."""
+        return check_name(name)
 
     def original_hcp(self) -> HCPConfig:
         """The original HCP config named by ``hcp``."""

@@ -140,7 +140,7 @@ def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tupl
     if not selection.items:
         raise ValueError("selection kept no trajectories: the evolved config beat the original on no train task")
     name, version = r.config.expert, r.bench.store.next_adapter_version(r.config.expert)
-    out = (r.run_dir / "adapters" / f"{name}-v{version}").resolve()  # the registry must not depend on cwd
+    out = registry.adapter_dir(r.run_dir / "adapters", name, version)  # absolute: the registry must not depend on cwd
     init = r.base_adapter.path if r.base_adapter else None
     job = DistillJob(r.bench, selection, r.original, r.config.model.name, out, init_adapter=init)
     result = TRAINERS[r.config.distill.trainer](job, r.config.distill)

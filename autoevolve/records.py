@@ -7,10 +7,11 @@ Messages use the OpenAI chat wire format (tool-call ``arguments`` is a JSON stri
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 SCHEMA_VERSION = 1
 
@@ -169,6 +170,19 @@ class Selection(Record):
 AdapterStatus = Literal["candidate", "promoted", "rejected", "retired"]
 
 
+EXPERT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(name: str) -> str:
+    """An expert name is also a folder name and a served LoRA name: refuse one that could escape a directory."""
+    if not EXPERT_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"expert name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (no '/', no '..', "
+            "at most 64 characters), e.g. 'L1-life'"
+        )
+    return name
+
+
 class Expert(Record):
     """A LoRA expert of the Mixture of LoRA: what the router sees of it, and which version serves it."""
 
@@ -177,6 +191,12 @@ class Expert(Record):
     routing_rule: str = Field(default="", description="One sentence the router sees: when to hand a turn here.")
     base_model: str = Field(description="Base model id every version of this expert must be trained on.")
     live_version: int | None = Field(default=None, description="The promoted version; None: the bare base serves.")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        """A name that could escape a folder is refused."""
+        return check_name(name)
 
 
 class RegistryEvent(Record):

@@ -7,17 +7,14 @@ live version in one store transaction; registering an expert is a metadata chang
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from autoevolve.config import RegistrySettings
 from autoevolve.hooks import Hook, HookFailure, PromotionEvent, fire_all, make_hook
-from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent
+from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent, check_name
 from autoevolve.store import Store
-
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class PromotionRolledBack(RuntimeError):
@@ -37,16 +34,6 @@ class Publisher:
     def from_settings(cls, s: RegistrySettings) -> Publisher:
         """From a run config's ``registry`` section."""
         return cls([make_hook(h) for h in s.hooks], s.retries, s.on_hook_failure)
-
-
-def check_name(name: str) -> str:
-    """An expert name is also a folder name and a served LoRA name: refuse one that could escape a directory."""
-    if not NAME.fullmatch(name) or ".." in name:
-        raise ValueError(
-            f"expert name {name!r} is not allowed: use letters, digits, '.', '_' and '-' (no '/', no '..', "
-            "at most 64 characters), e.g. 'L1-life'"
-        )
-    return name
 
 
 def adapter_dir(root: str | Path, name: str, version: int) -> Path:

@@ -68,6 +68,7 @@ def test_quickstart_loads() -> None:
             f"hcp: {ROOT}/prompts/life.yaml\nenv: {{tiers: [1, 2]}}\ngate: {{guard: {{env: {{tiers: [2, 3]}}}}}}\n",
             "gate.guard.env.tiers: tier 2 is also trained on; a guard set needs another tier",
         ),
+        (f"hcp: {ROOT}/prompts/life.yaml\nexpert: ../up\n", "expert: Value error, expert name '../up' is not allowed"),
         (
             f"hcp: {ROOT}/prompts/life.yaml\ngate: {{guard: {{env: {{name: fncall}}}}}}\n",
             "gate.guard.env.path: the fncall environment needs a BFCL question file",
