@@ -44,6 +44,14 @@ class Round:
         return self.base_adapter.ref if self.base_adapter else ""
 
     @property
+    def evolved_before(self) -> HCPConfig | None:
+        """The evolved config whose rollouts trained A_r (None for the bare base, or if it was the original)."""
+        a = self.base_adapter
+        if a is None or not a.evolved_hcp_id or a.evolved_hcp_id == self.original.id:
+            return None
+        return HCPConfig.model_validate(self.bench.store.get_hcp(a.evolved_hcp_id))
+
+    @property
     def run_dir(self) -> Path:
         """Folder of this run's report and adapters."""
         return Path(self.config.run_dir) / str(self.config.run_id)
@@ -98,7 +106,8 @@ def stage_evolve(r: Round) -> EvolveResult:
     reflector = make_reflector(r) if "reflective" in e.mutators else None
     own = e.reflection.model == "policy"  # the policy reflects with the adapter it serves; another model with none
     ops = make_mutators(e, reflector, adapter=(r.base_ref or None) if own else None)
-    return evolve(r.bench, r.original, e, train=tasks, dev=dev, mutators=ops, adapter=r.base_ref)
+    carried = [r.evolved_before] if r.evolved_before else []
+    return evolve(r.bench, r.original, e, train=tasks, dev=dev, mutators=ops, adapter=r.base_ref, carried=carried)
 
 
 def make_reflector(r: Round) -> Policy:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +61,13 @@ def evolve(
     dev: list[Task],
     mutators: list[Mutator],
     adapter: str = "",
+    carried: Sequence[HCPConfig] = (),
 ) -> EvolveResult:
-    """Search configs from the original; children tried on ``train`` minibatches, pool members scored on ``dev``."""
+    """Search configs from the original; children tried on ``train`` minibatches, pool members scored on ``dev``.
+
+    ``carried`` configs (what earlier rounds found) join the pool at the start, scored on dev under this round's
+    adapter, so a later round searches on from them instead of from the original alone.
+    """
     search = _Search(bench, settings, adapter, dev)
     limit = settings.budget.rollouts
     if limit is not None and search.budget.cost(original.id, dev) > limit:
@@ -70,6 +76,8 @@ def evolve(
             f"x {settings.samples} samples; raise it or lower evolve.dev_tasks"
         )
     search.seed(original)
+    for config in carried:
+        search.carry(config, original)
     rng = random.Random(bench.seed + 1000 * bench.round)  # a later round searches afresh, round 0 as seeded
     stop = search.run(mutators, train, rng)
     best = max(search.pool, key=lambda c: c.mean_reward)  # the first of equals: the seed wins ties
@@ -97,6 +105,25 @@ class _Search:
         """Score the original config on dev: the pool's first member."""
         self.configs[original.id] = original
         self._keep(Candidate(run_id=self.bench.run_id, round=self.bench.round, hcp_id=original.id, status="keep"))
+
+    def carry(self, config: HCPConfig, original: HCPConfig) -> None:
+        """Score an earlier round's config on dev: a pool member from the start, as a child of the original."""
+        if config.id in self.configs:
+            return
+        self.configs[config.id] = config
+        self.parents[config.id] = [original.id]
+        row = Candidate(
+            run_id=self.bench.run_id,
+            round=self.bench.round,
+            hcp_id=config.id,
+            parents=[original.id],
+            mutator="carried",
+            status="keep",
+            components=[c for c in COMPONENTS if getattr(config, c) != getattr(original, c)],
+            diff=diff(original, config),
+            note="carried over from an earlier round",
+        )
+        self._keep(row)
 
     def run(self, ops: list[Mutator], train: list[Task], rng: random.Random) -> str:
         """Propose children until a stop; returns why it stopped."""

@@ -44,14 +44,14 @@ def _settings(**kw) -> EvolveSettings:
     return EvolveSettings(**(base | kw))
 
 
-def _search(env, original, tmp_path, policy, settings, reflector=None, seed=0):
+def _search(env, original, tmp_path, policy, settings, reflector=None, seed=0, carried=()):
     """Run the search on 4 train and 4 dev table-booking tasks; returns the result and the stored ledger."""
     train = [t for t in env.tasks("train") if t.goal["kind"] == "table"][:4]
     dev = [t for t in env.tasks("dev") if t.goal["kind"] == "table"][:4]
     with Store(tmp_path / "s.duckdb") as store:
         bench = Workbench(policy, env, store, run_id="r", seed=seed, progress=None)
         ops = make_mutators(settings, reflector)
-        result = evolve(bench, original, settings, train=train, dev=dev, mutators=ops)
+        result = evolve(bench, original, settings, train=train, dev=dev, mutators=ops, carried=carried)
         return result, store.candidates("r"), store.count_trajectories("r")
 
 
@@ -67,6 +67,18 @@ def test_a_child_that_beats_its_parent_joins_the_pool_with_lineage(env, original
     # The second child's parent is drawn from the frontier: the demo config, which no demo set can beat.
     assert again.parents == [child.hcp_id] and again.status == "discard" and "not better" in again.note
     assert result.budget["stop"] == "candidates" and result.budget["rollouts"] == again.rollouts_used
+
+
+def test_a_config_carried_from_an_earlier_round_joins_the_pool_and_can_stay_best(env, original, tmp_path) -> None:
+    first, _, _ = _search(env, original, tmp_path / "r0", DemoLearner(env), _settings(mutators=["demos"], candidates=1))
+    assert first.best.demos.items  # round 0 found demos
+    settings = _settings(mutators=["tool_format"], candidates=1)
+    result, ledger, _ = _search(env, original, tmp_path / "r1", DemoLearner(env), settings, carried=[first.best])
+    seed, carried, child = ledger
+    assert (carried.mutator, carried.status, carried.parents) == ("carried", "keep", [original.id])
+    assert carried.hcp_id == first.best.id and carried.components == ["demos"] and carried.mean_reward == 1.0
+    assert len(carried.scores) == 4 and seed.mean_reward == 0.0  # scored on dev again, this round
+    assert result.best.id == first.best.id and child.status == "discard"
 
 
 def test_rollout_budget_is_never_exceeded(env, original, tmp_path) -> None:
