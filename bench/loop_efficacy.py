@@ -31,20 +31,25 @@ def served_score(row: dict[str, Any]) -> float:
 def table(rows: list[dict[str, Any]]) -> str:
     """The per-round table and the acceptance checks, as text."""
     head = (
-        f"{'round':>5} {'decision':>9} {'new+orig':>9} {'served+orig':>12} {'retention':>10} "
+        f"{'round':>5} {'decision':>17} {'new+orig':>9} {'served+orig':>12} {'retention':>10} "
         f"{'tokens orig':>12} {'tokens evolved':>15} {'shorter':>8} {'rollouts':>9} {'train s':>8}"
     )
-    lines = [head]
+    lines, served = [head], None
     for row in rows:
-        if row["eval"] is None:
-            lines.append(f"{row['round']:>5} {row['decision']:>9}  (nothing selected: no adapter trained)")
+        if row["eval"] is None:  # no adapter trained: the one serving before still serves
+            kept = "-" if served is None else f"{served:.3f}"
+            lines.append(
+                f"{row['round']:>5} {row['decision']:>17} {'-':>9} {kept:>12} {'-':>10} {'':>12} {'':>15}"
+                f" {'':>8} {row['rollouts']:>9} {'-':>8}"
+            )
             continue
+        served = served_score(row)
         tokens = row["prompt_tokens"]
         shorter = 1 - tokens["original"] / tokens["evolved"]
         kept = row["retention"]["test"]
         lines.append(
-            f"{row['round']:>5} {row['decision']:>9} {row['eval']['adapter_original']:>9.3f} "
-            f"{served_score(row):>12.3f} {'-' if kept is None else f'{kept:.2f}':>10} {tokens['original']:>12.0f} "
+            f"{row['round']:>5} {row['decision']:>17} {row['eval']['adapter_original']:>9.3f} "
+            f"{served:>12.3f} {'-' if kept is None else f'{kept:.2f}':>10} {tokens['original']:>12.0f} "
             f"{tokens['evolved']:>15.0f} {shorter:>8.0%} {row['rollouts']:>9} {row['train_seconds'] or 0:>8.0f}"
         )
     return "\n".join(lines + [""] + checks(rows))
@@ -64,7 +69,7 @@ def checks(rows: list[dict[str, Any]]) -> list[str]:
     verdict = {True: "PASS", False: "FAIL"}
     return [
         f"served adapter + original, test: {' -> '.join(f'{s:.3f}' for s in served)}  never down: {verdict[steady]}",
-        f"round {trained[0]['round']} retention: {'-' if first is None else f'{first:.2f}'}  >= 1.0: "
+        f"first round's retention: {'-' if first is None else f'{first:.2f}'}  >= 1.0: "
         f"{verdict[first is not None and first >= 1.0]}",
         f"served prompt {tokens['original']:.0f} vs best evolved {tokens['evolved']:.0f} tokens: {shorter:.0%} "
         f"shorter  >= 50%: {verdict[shorter >= 0.5]}",
