@@ -34,15 +34,20 @@ gate: {{dev_tasks: 8, test_tasks: 8, guard: {{env: {{tiers: [2], n_train: 8, n_d
 """
 
 
+def _small(tmp_path: Path) -> Path:
+    """The small run config, written in tmp_path."""
+    path = tmp_path / "run.yaml"
+    path.write_text(SMALL.format(root=ROOT, tmp=tmp_path))
+    return path
+
+
 @pytest.fixture(scope="module")
 def round_run(tmp_path_factory, prefect_harness, smol_policy):  # noqa: ANN001, ANN201
-    """One real round (config, report, the serving weights before it); later tests build on its adapter."""
+    """One real round: its config, its report, and the serving weights before it."""
     from flows.round import round_flow
 
     tmp_path = tmp_path_factory.mktemp("round")
-    path = tmp_path / "run.yaml"
-    path.write_text(SMALL.format(root=ROOT, tmp=tmp_path))
-    config = load_config(path)
+    config = load_config(_small(tmp_path))
     base_before = {
         k.replace(".base_layer", ""): v.clone() for k, v in smol_policy.base.state_dict().items() if "lora_" not in k
     }
@@ -88,45 +93,53 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
     assert on_disk["gate"]["guard"]["n"] == 4 and "; guard (life tiers 2, 4 tasks): " in adapter.reason
 
 
+def _train(policy, store: Store, examples: list, out: Path, parent=None):  # noqa: ANN001, ANN202
+    """LoRA-SFT SmolLM2 on examples (from ``parent`` if given), register it and load it into the policy."""
+    settings = SFTSettings(epochs=2, batch_size=4, learning_rate=2e-3)
+    result = train_sft(examples, policy.model_name, out, settings, init_adapter=parent.path if parent else None)
+    record = registry.register(
+        store,
+        name="L1-life",
+        path=result.path,
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        parent_version=parent.version if parent else None,
+        run_id="planted",
+        round=0 if parent is None else 1,
+        hcp_id="h",
+        evolved_hcp_id="h",
+        selection_id="gold" if parent is None else "shuffled",
+    )
+    policy.add_adapter(record.ref, record.path)
+    return record
+
+
 @pytest.mark.integration
-def test_a_planted_bad_adapter_is_rejected(round_run, smol_policy) -> None:
-    """Continue the round's adapter on shuffled labels: gold train conversations, each with another task's actions."""
-    config, report, _ = round_run
-    env = make_env("life", **config.env.options())
-    original = config.original_hcp()
-    with Store(config.store) as store:
-        [good] = store.adapters("L1-life")
-        bench = Workbench(smol_policy, env, store, run_id="it-round", round=1, seed=0, progress=None)
-        tasks = env.tasks("train")[:16]
-        gold = [
-            Trajectory(run_id="gold", task_id=t.id, split="train", hcp_id="gold", messages=env.reference(t))
-            for t in tasks
-        ]
-        examples = render_examples(gold, {t.id: t for t in tasks}, original)
-        actions = [e[2:] for e in examples[1:] + examples[:1]]  # each request gets the next task's calls and reply
-        shuffled = [e[:2] + a for e, a in zip(examples, actions, strict=True)]
-        settings = SFTSettings(epochs=3, batch_size=4, learning_rate=2e-3)
-        bad = train_sft(shuffled, config.model.name, Path(config.run_dir) / "bad", settings, init_adapter=good.path)
-        record = registry.register(
-            store,
-            name="L1-life",
-            path=bad.path,
-            base_model=good.base_model,
-            parent_version=good.version,
-            run_id="it-round",
-            round=1,
-            hcp_id=original.id,
-            evolved_hcp_id=original.id,
-            selection_id="shuffled",
-        )
-        smol_policy.add_adapter(record.ref, record.path)
-        dev = env.tasks("dev")[: config.gate.dev_tasks]
-        verdict = gate(bench, original, original, good.ref, record.ref, dev)
-        decided = registry.decide(store, record, verdict)
+def test_the_gate_promotes_a_good_adapter_and_rejects_a_planted_bad_one(tmp_path: Path, smol_policy) -> None:
+    """Good: SFT on 24 gold train conversations. Bad: the good one trained on, with each request's actions shuffled."""
+    env = make_env("life", tiers=(1,), n_train=96, n_dev=16, n_test=16)
+    original = load_config(_small(tmp_path)).original_hcp()
+    tasks = env.tasks("train")[:24]
+    gold = [
+        Trajectory(run_id="gold", task_id=t.id, split="train", hcp_id="gold", messages=env.reference(t), reward=1.0)
+        for t in tasks
+    ]
+    examples = render_examples(gold, {t.id: t for t in tasks}, original)
+    actions = [e[2:] for e in examples[1:] + examples[:1]]  # each request gets the next task's calls and reply
+    shuffled = [e[:2] + a for e, a in zip(examples, actions, strict=True)]
+    dev = env.tasks("dev")[:8]
+    with Store(tmp_path / "planted.duckdb") as store:
+        bench = Workbench(smol_policy, env, store, run_id="planted", progress=None)
+        good = _train(smol_policy, store, examples, tmp_path / "good")
+        first = gate(bench, original, original, "", good.ref, dev)
+        good = registry.decide(store, good, first)
+        bad = _train(smol_policy, store, shuffled, tmp_path / "bad", parent=good)
+        second = gate(bench, original, original, good.ref, bad.ref, dev)
+        bad = registry.decide(store, bad, second)
         live = store.promoted_adapter("L1-life")
-    cells = verdict.cells
-    assert cells["base_original"].mean > 0  # the round's adapter solves some dev tasks: there is something to lose
-    assert cells["adapter_original"].mean < cells["base_original"].mean and verdict.gain < 0
-    assert verdict.decision == "reject" and "(needs a gain above the minimum)" in verdict.reason
-    assert decided.status == "rejected" and decided.reason == verdict.reason and Path(decided.path).is_dir()
-    assert live == (good if good.status == "promoted" else None)  # the live version is untouched
+    assert first.decision == "promote" and first.gain_ci[0] > 0 and good.status == "promoted"
+    cells = second.cells  # base = the good adapter now
+    assert cells["base_original"].mean == first.cells["adapter_original"].mean > 0
+    assert cells["adapter_original"].mean < cells["base_original"].mean and second.gain < 0
+    assert second.decision == "reject" and "(needs a gain above the minimum)" in second.reason
+    assert bad.status == "rejected" and bad.reason == second.reason and Path(bad.path).is_dir()  # kept, with why
+    assert live == good  # the live version is untouched
