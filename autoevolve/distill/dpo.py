@@ -8,17 +8,14 @@ switched off (TRL's default for a PEFT model).
 
 from __future__ import annotations
 
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from autoevolve.distill.dataset import render_examples
-from autoevolve.distill.sft import SFTSettings, TrainResult, _save, _with_adapter, trained, trainer_args
+from autoevolve.distill.sft import SFTSettings, TrainResult, fit, trainer_args
 from autoevolve.hcp import HCPConfig
-from autoevolve.model import base_model_id, load
 from autoevolve.records import Task, Trajectory
 
 
@@ -52,27 +49,18 @@ def train_dpo(
     init_adapter: str | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter with DPO (continuing from ``init_adapter`` if given) and save it to ``out_dir``."""
-    import torch
     from datasets import Dataset
-    from transformers import set_seed
     from trl import DPOTrainer
 
     if not rows:
         raise ValueError("no preference pairs to train on (every kept rollout's baseline succeeded or broke)")
-    start = time.perf_counter()
-    set_seed(settings.seed)
-    model, tokenizer = load(model_name)
-    model = _with_adapter(model, settings, init_adapter)
-    with tempfile.TemporaryDirectory(prefix="autoevolve-dpo-") as tmp:
-        trainer = DPOTrainer(
-            model=model,
-            args=_config(settings, tmp, cuda=torch.cuda.is_available()),
-            train_dataset=Dataset.from_list(rows),
-            processing_class=tokenizer,
-        )
-        output = trainer.train()
-    path = _save(trainer.model, out_dir, base_model_id(model_name))
-    return trained(trainer, output, path, start, len(rows))
+
+    def build(model: Any, tokenizer: Any, output_dir: str, cuda: bool) -> tuple[Any, int]:
+        args = _config(settings, output_dir, cuda)
+        trainer = DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+        return trainer, len(rows)
+
+    return fit(model_name, out_dir, settings, init_adapter, build)
 
 
 def _config(settings: DPOSettings, output_dir: str, cuda: bool) -> Any:

@@ -10,18 +10,15 @@ right it was.
 
 from __future__ import annotations
 
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
 from autoevolve.distill.dpo import DPOSettings
-from autoevolve.distill.sft import TrainResult, _save, _with_adapter, trained, trainer_args
+from autoevolve.distill.sft import TrainResult, fit, trainer_args
 from autoevolve.envs import Environment
 from autoevolve.hcp import HCPConfig
-from autoevolve.model import base_model_id, load
 from autoevolve.records import Message, Task
 from autoevolve.rollout import score_reply
 
@@ -73,30 +70,25 @@ def train_grpo(
     init_adapter: str | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter with GRPO on ``tasks`` (continuing from ``init_adapter`` if given); save to ``out_dir``."""
-    import torch
     from datasets import Dataset
-    from transformers import set_seed
     from trl import GRPOTrainer
 
     if not tasks:
         raise ValueError("no tasks to train on")
-    start = time.perf_counter()
-    set_seed(settings.seed)
-    model, tokenizer = load(model_name)
-    tokenizer.padding_side = "left"  # prompts are generated from: pad before them
-    model = _with_adapter(model, settings, init_adapter)
-    rows = grpo_prompts(tasks, original, tokenizer)
-    with tempfile.TemporaryDirectory(prefix="autoevolve-grpo-") as tmp:
+
+    def build(model: Any, tokenizer: Any, output_dir: str, cuda: bool) -> tuple[Any, int]:
+        tokenizer.padding_side = "left"  # prompts are generated from: pad before them
+        rows = grpo_prompts(tasks, original, tokenizer)
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=EnvReward(env, original, {t.id: t for t in tasks}),
-            args=_config(settings, tmp, cuda=torch.cuda.is_available()),
+            args=_config(settings, output_dir, cuda),
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
         )
-        output = trainer.train()
-    path = _save(trainer.model, out_dir, base_model_id(model_name))
-    return trained(trainer, output, path, start, len(rows))
+        return trainer, len(rows)
+
+    return fit(model_name, out_dir, settings, init_adapter, build)
 
 
 def _config(settings: GRPOSettings, output_dir: str, cuda: bool) -> Any:

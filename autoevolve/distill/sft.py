@@ -72,27 +72,43 @@ def train_sft(
     With ``init_adapter`` training continues from that adapter and its own rank, alpha and targets (the LoRA fields
     of ``settings`` are ignored). ``tools`` is the native tool list for the chat template (see ``native_tools``).
     """
-    import torch
-    from transformers import set_seed
     from trl import SFTTrainer
 
-    start = time.perf_counter()
-    set_seed(settings.seed)  # before the adapter is created: its A matrices are drawn at random
-    model, tokenizer = load(model_name)  # fresh copy: the serving policy's weights are never trained
-    tokenizer.padding_side = "right"  # TRL pads itself on the right; keep the tokenizer consistent with it
-    dataset = build_dataset(examples, tokenizer, tools=tools, max_length=settings.max_length)
-    model = _with_adapter(model, settings, init_adapter)
-    with tempfile.TemporaryDirectory(prefix="autoevolve-sft-") as tmp:
+    def build(model: Any, tokenizer: Any, output_dir: str, cuda: bool) -> tuple[Any, int]:
+        tokenizer.padding_side = "right"  # TRL pads itself on the right; keep the tokenizer consistent with it
+        dataset = build_dataset(examples, tokenizer, tools=tools, max_length=settings.max_length)
         trainer = SFTTrainer(
             model=model,
-            args=_config(settings, tmp, cuda=torch.cuda.is_available()),
+            args=_config(settings, output_dir, cuda),
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[_progress_callback(progress)] if progress else None,
         )
+        return trainer, len(dataset)
+
+    return fit(model_name, out_dir, settings, init_adapter, build)
+
+
+Build = Callable[[Any, Any, str, bool], tuple[Any, int]]  # (model, tokenizer, output_dir, cuda) -> (trainer, examples)
+
+
+def fit(
+    model_name: str, out_dir: str | Path, settings: SFTSettings, init_adapter: str | None, build: Build
+) -> TrainResult:
+    """What every trainer shares: seed, a fresh base wrapped in the LoRA (new, or A_r to continue), the TRL trainer
+    ``build`` makes for it, training, and the adapter saved with its base model id."""
+    import torch
+    from transformers import set_seed
+
+    start = time.perf_counter()
+    set_seed(settings.seed)  # before the adapter is created: its A matrices are drawn at random
+    model, tokenizer = load(model_name)  # fresh copy: the serving policy's weights are never trained
+    model = _with_adapter(model, settings, init_adapter)
+    with tempfile.TemporaryDirectory(prefix="autoevolve-train-") as tmp:
+        trainer, examples = build(model, tokenizer, tmp, torch.cuda.is_available())
         output = trainer.train()
     path = _save(trainer.model, out_dir, base_model_id(model_name))
-    return trained(trainer, output, path, start, len(dataset))
+    return trained(trainer, output, path, start, examples)
 
 
 def _with_adapter(model: Any, settings: SFTSettings, init_adapter: str | None) -> Any:
