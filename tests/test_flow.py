@@ -112,3 +112,24 @@ def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect
     [report] = results
     assert report.decision == decision and report.reason.endswith(reason_end)
     assert stored == ([] if decision == "promote" else [report])
+
+
+def test_the_router_environment_runs_through_the_same_round(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
+    from flows.round import round_flow
+
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        f"run_id: route\nexpert: L0-chat\nhcp: {ROOT}/prompts/router.yaml\nstore: {tmp_path}/s.duckdb\n"
+        f"run_dir: {tmp_path}/runs\nmodel: {{name: {tiny_model_dir}, batch_size: 8}}\n"
+        "env: {name: router, tiers: [1], n_train: 12, n_dev: 6, n_test: 6}\n"
+        "evolve: {train_tasks: 6, minibatch: 6, dev_tasks: 6, candidates: 1, mutators: [demos]}\n"
+        "select: {train_tasks: 6}\n"
+    )
+    report = round_flow(load_config(path))
+    assert [c["mutator"] for c in report["candidates"]] == ["seed", "demos"]
+    with Store(tmp_path / "s.duckdb", read_only=True) as store:
+        rows = store.trajectories("route")
+    assert len(rows) == report["rollouts"] > 0 and {r.task_id[:7] for r in rows} == {"router-"}
+    assert all(r.messages[0].content for r in rows)
+    # The tiny model's garbage never routes: only the small-talk third of the dev tasks, answered by L0, scores.
+    assert report["evolve"]["dev_original"] == pytest.approx(2 / 6)

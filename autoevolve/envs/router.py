@@ -109,7 +109,7 @@ class RouterEnv:
         entry: str = "L0-chat",
     ) -> None:
         if tuple(tiers) != (1,):
-            raise ValueError(f"the router environment has one tier (1), got {tuple(tiers)}")
+            raise ValueError(f"the router environment has one tier: set env.tiers: [1] (got {list(tiers)})")
         if entry not in {e.name for e in EXPERTS}:
             raise ValueError(f"entry expert {entry!r} is not one of {', '.join(e.name for e in EXPERTS)}")
         self.seed, self.entry = seed, entry
