@@ -7,7 +7,7 @@ acceptance checks: the served adapter's test score never goes down, round 1 rete
 prompt is at least 50% shorter than the best evolved one.
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/loop_efficacy.py
-     (about 45-50 minutes on 2 CPU cores; --table RUN_DIR prints the table of a finished run without running)
+     (30-50 minutes on 2 CPU cores; --table RUN_DIR prints the table of a finished run without running)
 """
 
 from __future__ import annotations
