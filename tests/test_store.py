@@ -9,7 +9,6 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from autoevolve import store as store_mod
 from autoevolve.records import (
     AdapterRecord,
     Candidate,
@@ -23,6 +22,7 @@ from autoevolve.records import (
     Trajectory,
 )
 from autoevolve.store import LATEST_VERSION, MIGRATIONS, Store
+from autoevolve.store import base as store_mod
 
 
 def make_traj(

@@ -1,0 +1,213 @@
+"""The store's connection: opening, locking, transactions and schema migrations; row helpers for the tables."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import duckdb
+import pyarrow as pa
+from pydantic import BaseModel, TypeAdapter
+
+from autoevolve.records import (
+    AdapterRecord,
+    Candidate,
+    Expert,
+    Message,
+    RegistryEvent,
+    SelectedTrajectory,
+    Selection,
+    Trajectory,
+)
+from autoevolve.store.migrations import LATEST_VERSION, MIGRATIONS
+
+R = TypeVar("R", bound=BaseModel)
+
+
+_MESSAGES = TypeAdapter(list[Message])
+
+# Column names are the record field names, so a field added to a record without a migration fails loudly.
+TRAJ_KEY = ("run_id", "hcp_id", "adapter", "task_id", "sample")
+TRAJ_COLS = tuple(Trajectory.model_fields)
+CAND_COLS = tuple(Candidate.model_fields)
+_CAND_JSON = ("parents", "components", "minibatch", "parent_minibatch", "scores", "spreads")
+SEL_COLS = tuple(f for f in Selection.model_fields if f != "items")
+ITEM_COLS = tuple(SelectedTrajectory.model_fields)
+ADAPTER_COLS = tuple(AdapterRecord.model_fields)
+EXPERT_COLS = tuple(Expert.model_fields)
+EVENT_COLS = tuple(c for c in RegistryEvent.model_fields if c != "at")  # 'at' is the row's created_at
+_TRAJ_INTS = {"sample", "tier", "round", "prompt_tokens", "completion_tokens", "schema_version"}
+# Explicit types so an all-empty or all-int column does not make Arrow guess wrong.
+_TRAJ_ARROW = pa.schema(
+    [
+        (c, pa.int64() if c in _TRAJ_INTS else pa.float64() if c in ("reward", "latency_s") else pa.string())
+        for c in TRAJ_COLS
+    ]
+)
+
+
+def _cols(cols: Sequence[str]) -> str:
+    """Comma-joined column list."""
+    return ", ".join(cols)
+
+
+def _marks(n: int) -> str:
+    """Comma-joined ``?`` placeholders."""
+    return ", ".join("?" * n)
+
+
+def _upsert_sql(table: str, cols: Sequence[str], key: Sequence[str], touch: bool = True) -> str:
+    """INSERT that replaces every non-key column on key conflict (and bumps updated_at)."""
+    sets = [f"{c} = excluded.{c}" for c in cols if c not in key]
+    if touch:
+        sets.append("updated_at = now()")
+    return (
+        f"INSERT INTO {table} ({_cols(cols)}) VALUES ({_marks(len(cols))}) "
+        f"ON CONFLICT ({_cols(key)}) DO UPDATE SET {', '.join(sets)}"
+    )
+
+
+def _to_row(record: BaseModel, cols: Sequence[str], json_cols: Sequence[str] = ()) -> list[Any]:
+    """Column values of a flat record, dict-valued fields as JSON text."""
+    return [json.dumps(getattr(record, c)) if c in json_cols else getattr(record, c) for c in cols]
+
+
+def _from_row(cls: type[R], cols: Sequence[str], row: Sequence[Any], json_cols: Sequence[str] = ()) -> R:
+    """Rebuild a flat record from a row written by ``_to_row``."""
+    data = {c: json.loads(v) if c in json_cols else v for c, v in zip(cols, row, strict=True)}
+    return cls.model_validate(data)
+
+
+def _traj_from_row(row: Sequence[Any]) -> Trajectory:
+    """Rebuild a trajectory from a row selected with ``TRAJ_COLS``."""
+    data = dict(zip(TRAJ_COLS, row, strict=True))
+    data["messages"] = _MESSAGES.validate_json(data["messages"])
+    return Trajectory.model_validate(data)
+
+
+def _traj_table(trajs: Sequence[Trajectory]) -> pa.Table:
+    """One Arrow table of trajectories, messages serialized to JSON text."""
+    columns = {c: [getattr(t, c) for t in trajs] for c in TRAJ_COLS if c != "messages"}
+    columns["messages"] = [_MESSAGES.dump_json(t.messages).decode() for t in trajs]
+    return pa.table(columns, schema=_TRAJ_ARROW)
+
+
+class StoreBusy(RuntimeError):
+    """Another process holds the database file (DuckDB allows one writer, and readers only without one)."""
+
+
+class Connection:
+    """One DuckDB file, migrated on open; the table mixins run their SQL through ``_all``/``_one``/``_write``."""
+
+    def __init__(self, path: str | Path, read_only: bool = False) -> None:
+        """Open (and, when writable, create and migrate) the database at ``path``."""
+        self.path = Path(path)
+        self.read_only = read_only
+        if read_only and not self.path.exists():
+            raise FileNotFoundError(f"no store at {self.path} to open read-only")
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+            held = re.search(r"PID \d+", str(exc))
+            by = f" ({held.group(0)})" if held else ""
+            raise StoreBusy(
+                f"{self.path} is held by another process{by}, e.g. a running round; retry when it ends"
+            ) from None
+        try:
+            self._check_version()
+            if not read_only:
+                self._migrate()
+        except BaseException:
+            self.con.close()
+            raise
+
+    def __enter__(self) -> Self:
+        """Enter a ``with`` block."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close on leaving a ``with`` block."""
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        self.con.close()
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run one statement and fetch every row, so no half-read result blocks the connection."""
+        return self.con.execute(sql, list(params)).fetchall()
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        """First row of one statement, or None."""
+        rows = self._all(sql, params)
+        return rows[0] if rows else None
+
+    def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one write statement; returns the rows it changed (0 for DDL)."""
+        row = self._one(sql, params)
+        return int(row[0]) if row and isinstance(row[0], int) else 0
+
+    @contextmanager
+    def _tx(self) -> Iterator[None]:
+        """Run a block in one transaction: all of it lands or none of it."""
+        self.con.begin()
+        try:
+            yield
+        except BaseException:
+            self.con.rollback()
+            raise
+        self.con.commit()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _applied(self) -> set[int]:
+        """Versions recorded in schema_migrations (empty for a fresh file)."""
+        exists = self._one("SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'")
+        if not exists or not exists[0]:
+            return set()
+        return {v for (v,) in self._all("SELECT version FROM schema_migrations")}
+
+    def _check_version(self) -> None:
+        """Refuse a file written by newer code: its tables may mean things this code does not know."""
+        found = self.schema_version()
+        if found > LATEST_VERSION:
+            raise RuntimeError(
+                f"store {self.path} has schema version {found}, but this code knows only up to version "
+                f"{LATEST_VERSION}; upgrade autoevolve to open it"
+            )
+
+    def _migrate(self) -> list[int]:
+        """Apply every migration not yet recorded, one transaction each; returns the versions applied."""
+        self._write(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
+        )
+        applied = self._applied()
+        done = []
+        for version, name, sql in sorted(MIGRATIONS):
+            if version in applied:
+                continue
+            with self._tx():
+                self._write(sql)
+                self._write("INSERT INTO schema_migrations (version, name) VALUES (?, ?)", [version, name])
+            done.append(version)
+        return done
+
+    def schema_version(self) -> int:
+        """Highest migration version recorded in the file (0 for a fresh file)."""
+        return max(self._applied(), default=0)
+
+    def migrations(self) -> list[tuple[int, str]]:
+        """Recorded migrations as (version, name), oldest first."""
+        if not self._applied():
+            return []
+        rows = self._all("SELECT version, name FROM schema_migrations ORDER BY version")
+        return [(v, n) for v, n in rows]
