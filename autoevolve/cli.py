@@ -5,6 +5,8 @@ autoevolve check configs/quickstart.yaml  validate a run config and its HCP file
 autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
 autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
 autoevolve selections quickstart          the stage-2 selections of a run (--items: every kept rollout)
+autoevolve inspect quickstart             a run at a glance: counts, one row per round, the last test 2x2
+autoevolve export quickstart out/         a run's tables as Parquet folders partitioned by round
 autoevolve registry list                  the LoRA experts and their live versions (also: show, promote, rollback,
                                           add-expert)
 """
@@ -45,13 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     sels.add_argument("run", help="run id")
     sels.add_argument("--items", action="store_true", help="one line per kept rollout and the baseline it beat")
     sels.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
+    ins = sub.add_parser("inspect", help="a run at a glance: counts, rounds, the last round's test 2x2")
+    ins.add_argument("run", help="run id")
+    ins.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
+    exp = sub.add_parser("export", help="write a run's tables as Parquet, one folder per table, partitioned by round")
+    exp.add_argument("run", help="run id")
+    exp.add_argument("dir", help="output folder (one per run: trajectories/, candidates/, ... go inside)")
+    exp.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     _registry_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "registry":
         return _registry(args)
-    if args.command in ("candidates", "diff", "selections"):
+    if args.command in ("candidates", "diff", "selections", "inspect", "export"):
         try:
-            return _lineage(args)
+            return _read(args) if args.command in ("inspect", "export") else _lineage(args)
         except BrokenPipeError:  # piped into head: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
@@ -98,6 +107,31 @@ def _lineage(args: argparse.Namespace) -> int:
                 print(format_selections(run_selections(store, args.run), items=args.items))
             else:
                 print(config_diff(store, args.run, args.a, args.b))
+    except (LineageError, StoreBusy) as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _read(args: argparse.Namespace) -> int:
+    """Print a run's overview or export it to Parquet from a read-only view; exit 2 with one line if unknown."""
+    from autoevolve.inspect import format_inspect, open_store
+    from autoevolve.lineage import LineageError
+    from autoevolve.store import StoreBusy
+
+    if not Path(args.store).is_file():
+        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
+        return 2
+    try:
+        with open_store(args.store) as store:
+            if args.command == "inspect":
+                print(format_inspect(store, args.run))
+            else:
+                for table, rows in store.export_run(args.run, args.dir).items():
+                    print(f"{table}: {rows} rows -> {Path(args.dir) / table}")
+    except KeyError as exc:
+        print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
+        return 2
     except (LineageError, StoreBusy) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2

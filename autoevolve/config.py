@@ -58,6 +58,7 @@ class OpenAISettings(Section):
     concurrency: int = Field(default=8, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
+    backoff_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry, capped at 8 s.")
 
 
 class ModelSettings(Section):

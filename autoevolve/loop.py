@@ -2,12 +2,18 @@
 
 round r: evolve configs around adapter A_r -> select what the best config unlocked -> distil it into A_{r+1}
 under the original config -> gate on dev -> promote or reject -> report the 2x2 on test.
+
+Every stage records what it handed on in the store when it finishes (``run_stage``), so re-running a crashed
+run with the same run id resumes: finished stages are loaded, not redone, and the unfinished one reuses every
+rollout already stored. A stage can also run on its own (another process, a GPU worker) for a run id and round:
+it reads its inputs from the stages before it.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,15 +23,18 @@ from autoevolve.config import RunConfig
 from autoevolve.distill import TrainResult
 from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs import make_env
-from autoevolve.evaluate import CELLS, gate, guard_check, held_out, with_guard
+from autoevolve.evaluate import gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators, train_tasks
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection
+from autoevolve.report import write_report
 from autoevolve.select import select
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
+
+STAGES = ("evolve", "select", "distill", "gate", "decide", "report")
 
 
 @dataclass
@@ -37,6 +46,7 @@ class Round:
     original: HCPConfig
     base_adapter: AdapterRecord | None
     seconds: dict[str, float] = field(default_factory=dict)
+    results: dict[str, Any] = field(default_factory=dict)  # finished stages' results, loaded or computed
 
     @property
     def base_ref(self) -> str:
@@ -64,38 +74,93 @@ def make_policy(config: RunConfig) -> Policy:
         from autoevolve.policy.openai import OpenAIPolicy
 
         o = m.openai
-        return OpenAIPolicy(m.name, o.base_url, o.api_key_env, o.concurrency, o.timeout_s, o.max_retries)
+        return OpenAIPolicy(
+            m.name, o.base_url, o.api_key_env, o.concurrency, o.timeout_s, o.max_retries, backoff_s=o.backoff_s
+        )
     from autoevolve.policy.local import LocalPolicy
 
     return LocalPolicy(m.name, batch_size=m.batch_size)
 
 
-def open_round(config: RunConfig, policy: Policy | None = None, round: int | None = None) -> Round:
-    """Open the store, build env and policy, and load the expert's live adapter (A_r) if there is one.
+def next_round(store: Store, run_id: str) -> int:
+    """The first round of a run that has not finished (0 for a new run)."""
+    done = {r for r, stage in store.finished_stages(run_id) if stage == "round"}
+    return next(r for r in range(len(done) + 1) if r not in done)
 
-    Without an explicit ``round``, the round number is the count of adapters this run already trained, so
-    running the same config again starts the next round from the adapter the last one promoted.
+
+def open_round(config: RunConfig, policy: Policy | None = None, round: int | None = None) -> Round:
+    """Open the store, build env and policy, and load the round's starting adapter A_r (if there is one).
+
+    Without an explicit ``round``, it is the run's first unfinished one: a crashed round is resumed, a finished
+    run goes on with the next. A_r is recorded when a round first starts, so a resumed round keeps the adapter
+    it started from even if it had already promoted its successor.
     """
     store = Store(config.store)
-    if round is None:
-        round = sum(a.run_id == config.run_id for a in store.adapters(config.expert))
-    store.put_run(str(config.run_id), json.loads(config.model_dump_json()))
+    run_id = str(config.run_id)
+    round = next_round(store, run_id) if round is None else round
+    store.put_run(run_id, json.loads(config.model_dump_json()))
+    started = store.stage_result(run_id, round, "start")
+    if started is None:
+        live = store.promoted_adapter(config.expert)
+        store.put_stage(run_id, round, "start", {"adapter": live.version if live else None}, 0.0)
+    else:
+        version = started[0]["adapter"]
+        live = store.adapter(config.expert, version) if version is not None else None
     env = make_env(config.env.name, **config.env.options())
     policy = policy or make_policy(config)
-    live = store.promoted_adapter(config.expert)
     if live is not None:
         policy.add_adapter(live.ref, live.path)
-    bench = Workbench(policy=policy, env=env, store=store, run_id=str(config.run_id), round=round, seed=config.seed)
+    bench = Workbench(policy=policy, env=env, store=store, run_id=run_id, round=round, seed=config.seed)
     return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live)
 
 
-def timed(r: Round, stage: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run a stage function and record its wall-clock seconds."""
+def finished(r: Round, stage: str) -> bool:
+    """Whether a stage of this round has finished (in this process or an earlier one)."""
+    return stage in r.results or r.bench.store.stage_result(r.bench.run_id, r.bench.round, stage) is not None
+
+
+def result(r: Round, stage: str) -> Any:
+    """A finished stage's result, loaded from the store if another process produced it."""
+    if stage not in r.results:
+        found = r.bench.store.stage_result(r.bench.run_id, r.bench.round, stage)
+        if found is None:
+            raise LookupError(
+                f"run {r.bench.run_id} round {r.bench.round}: stage {stage!r} has not finished; run it first"
+            )
+        r.results[stage], r.seconds[stage] = _LOAD[stage](r, found[0]), found[1]
+    return r.results[stage]
+
+
+def run_stage(r: Round, stage: str, *args: Any) -> Any:
+    """Run a stage unless it finished before (then load its result); record its result and seconds."""
+    if finished(r, stage):
+        print(f"  {stage}: finished before, loaded from {r.bench.store.path}")
+        return result(r, stage)
     started = time.perf_counter()
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        r.seconds[stage] = round(time.perf_counter() - started, 1)
+    value = _RUN[stage](r, *args)
+    seconds = round(time.perf_counter() - started, 1)
+    r.bench.store.put_stage(r.bench.run_id, r.bench.round, stage, _DUMP[stage](value), seconds)
+    r.results[stage], r.seconds[stage] = value, seconds
+    return value
+
+
+def finish_round(r: Round) -> dict[str, Any]:
+    """Write report.json from the finished stages and mark the round finished; returns the report."""
+    get = {s: result(r, s) if finished(r, s) else None for s in STAGES}
+    record, train = get["distill"] or (None, None)
+    record, dev = get["decide"] or (record, get["gate"])
+    report = write_report(r, get["evolve"], get["select"], record, train, dev, get["report"])
+    r.bench.store.put_stage(r.bench.run_id, r.bench.round, "round", report, sum(r.seconds.values()))
+    return report
+
+
+def round_report(store: Store, run_id: str, round: int) -> dict[str, Any] | None:
+    """The report of a finished round, or None if it has not finished."""
+    found = store.stage_result(run_id, round, "round")
+    return found[0] if found else None
+
+
+# -- the stages -----------------------------------------------------------------------------------
 
 
 def stage_evolve(r: Round) -> EvolveResult:
@@ -124,9 +189,9 @@ def make_reflector(r: Round) -> Policy:
     return OpenAIPolicy(s.model, s.base_url, s.api_key_env)
 
 
-def stage_select(r: Round, evolved: EvolveResult) -> Selection:
+def stage_select(r: Round) -> Selection:
     """Stage 2: pair evolved-config rollouts with the original's per train task; keep the wins."""
-    s = r.config.select
+    s, evolved = r.config.select, result(r, "evolve")
     tasks = train_tasks(r.bench.env, s.train_tasks, r.config.seed)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
@@ -144,19 +209,31 @@ def stage_select(r: Round, evolved: EvolveResult) -> Selection:
     )
 
 
-def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tuple[AdapterRecord, TrainResult]:
-    """Stage 3: train the expert's next version from A_r under the original config (SFT, DPO or GRPO)."""
+def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
+    """Stage 3: train the expert's next version from A_r under the original config (SFT, DPO or GRPO).
+
+    The trained adapter is registered once per (run, round): if a crash came after registering it, the
+    registered one is taken back instead of training a second version.
+    """
+    evolved, selection = result(r, "evolve"), result(r, "select")
     if not selection.items:
         raise ValueError("selection kept no trajectories: the evolved config beat the original on no train task")
-    name, version = r.config.expert, r.bench.store.next_adapter_version(r.config.expert)
+    name, store = r.config.expert, r.bench.store
+    mine = [a for a in store.adapters(name) if a.run_id == r.bench.run_id and a.round == r.bench.round]
+    if mine:
+        trained = TrainResult.model_validate_json((Path(mine[0].path) / "train_result.json").read_text())
+        r.bench.policy.add_adapter(mine[0].ref, mine[0].path)
+        return mine[0], trained
+    version = store.next_adapter_version(name)
     out = registry.adapter_dir(r.run_dir / "adapters", name, version)  # absolute: the registry must not depend on cwd
     init = r.base_adapter.path if r.base_adapter else None
     job = DistillJob(r.bench, selection, r.original, r.config.model.name, out, init_adapter=init)
-    result = TRAINERS[r.config.distill.trainer](job, r.config.distill)
+    trained = TRAINERS[r.config.distill.trainer](job, r.config.distill)
+    (Path(trained.path) / "train_result.json").write_text(trained.model_dump_json(indent=2))
     record = registry.register(
-        r.bench.store,
+        store,
         name=name,
-        path=result.path,
+        path=trained.path,
         base_model=base_model_id(r.config.model.name),
         parent_version=r.base_adapter.version if r.base_adapter else None,
         run_id=r.bench.run_id,
@@ -166,11 +243,12 @@ def stage_distill(r: Round, evolved: EvolveResult, selection: Selection) -> tupl
         selection_id=selection.id,
     )
     r.bench.policy.add_adapter(record.ref, record.path)
-    return record, result
+    return record, trained
 
 
-def stage_gate(r: Round, evolved: EvolveResult, record: AdapterRecord) -> EvalReport:
+def stage_gate(r: Round) -> EvalReport:
     """Gate on dev: should A_{r+1} replace A_r under the original config? (The guard set can still say no.)"""
+    evolved, (record, _) = result(r, "evolve"), result(r, "distill")
     dev = r.bench.env.tasks("dev")[: r.config.gate.dev_tasks]
     report = gate(r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain)
     g = r.config.gate.guard
@@ -190,114 +268,68 @@ def declined(r: Round, report: EvalReport, why: str) -> EvalReport:
     return report
 
 
-def stage_decide(r: Round, record: AdapterRecord, report: EvalReport) -> AdapterRecord:
-    """Promote or reject in the registry as the (approved) report says; promotion hooks tell the fleet."""
-    return registry.decide(r.bench.store, record, report, registry.Publisher.from_settings(r.config.registry))
+def stage_decide(r: Round, dev: EvalReport | None = None) -> tuple[AdapterRecord, EvalReport]:
+    """Promote or reject in the registry as the (approved) dev report says; promotion hooks tell the fleet.
+
+    A version that is live already (a crash came after its promotion) is not promoted a second time.
+    """
+    record, _ = result(r, "distill")
+    dev = dev or result(r, "gate")
+    live = r.bench.store.promoted_adapter(record.name)
+    if dev.decision == "promote" and live is not None and live.version == record.version:
+        return live, dev
+    return registry.decide(r.bench.store, record, dev, registry.Publisher.from_settings(r.config.registry)), dev
 
 
-def stage_report(r: Round, evolved: EvolveResult, record: AdapterRecord) -> EvalReport:
+def stage_report(r: Round) -> EvalReport:
     """The 2x2 on held-out test tasks (reported, never used to decide)."""
+    evolved, (record, _) = result(r, "evolve"), result(r, "decide")
     test = r.bench.env.tasks("test")[: r.config.gate.test_tasks]
     return held_out(r.bench, r.original, evolved.best, r.base_ref, record.ref, test)
 
 
-def write_report(
-    r: Round,
-    evolved: EvolveResult,
-    selection: Selection,
-    record: AdapterRecord | None = None,
-    train: TrainResult | None = None,
-    dev: EvalReport | None = None,
-    test: EvalReport | None = None,
-) -> dict[str, Any]:
-    """Write report.json in the run folder and return it; without an adapter, the round stopped after selection."""
-    report: dict[str, Any] = {
-        "run_id": r.bench.run_id,
-        "round": r.bench.round,
-        "hcp": {"original": r.original.id, "evolved": evolved.best.id},
-        "candidates": [
-            {
-                "hcp_id": x.hcp_id,
-                "parents": x.parents,
-                "mutator": x.mutator,
-                "components": x.components,
-                "status": x.status,
-                "dev_mean": x.mean_reward if x.status == "keep" else None,
-                "note": x.note,
-            }
-            for x in evolved.candidates
-        ],
-        "evolve": {
-            "dev_original": evolved.candidates[0].mean_reward,
-            "dev_best": evolved.best_dev,
-            "budget": evolved.budget,
-        },
-        "rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round),
-        "selected": len(selection.items),
-        "selection_id": selection.id,
-        "promoted": bool(record and record.status == "promoted"),
-        "adapter": record.ref if record else None,
-        "adapter_path": record.path if record else None,
-        "train": train.model_dump() if train else None,
-        "seconds": dict(r.seconds),
-    }
-    if test is not None and dev is not None:
-        c = test.cells
-        report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
-        report["eval_ci"] = {name: list(c[name].ci) for name in CELLS}
-        report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci)}
-        report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci)}
-        report["retention"] = {"test": test.retention, "dev": dev.retention}
-        report["prompt_tokens"] = {
-            "original": c["base_original"].prompt_tokens,
-            "evolved": c["base_evolved"].prompt_tokens,
-        }
-        report["gate"] = {
-            "split": "dev",
-            "decision": dev.decision,
-            "reason": dev.reason,
-            "cells": {k: v.mean for k, v in dev.cells.items()},
-            "n_tasks": dev.cells["base_original"].n,
-            "guard": dev.guard.model_dump() | {"drop": dev.guard.drop} if dev.guard else None,
-        }
-    r.run_dir.mkdir(parents=True, exist_ok=True)
-    (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
-    return report
+# -- what each stage hands on, as stored JSON (ids of records the store keeps anyway) ----------------
 
 
-def round_row(report: dict[str, Any]) -> dict[str, Any]:
-    """One round's line of the loop summary: decision, test 2x2 with intervals, gain, retention, cost."""
-    return {
-        "round": report["round"],
-        "adapter": report["adapter"],
-        "promoted": report["promoted"],
-        "decision": report.get("gate", {}).get("decision", "nothing selected"),
-        "eval": report.get("eval"),
-        "eval_ci": report.get("eval_ci"),
-        "gain": report.get("gain"),
-        "retention": report.get("retention"),
-        "prompt_tokens": report.get("prompt_tokens"),
-        "rollouts": report["rollouts"],
-        "train_seconds": (report.get("train") or {}).get("seconds"),
-    }
+def _load_evolve(r: Round, data: dict[str, Any]) -> EvolveResult:
+    """The search's result from its ledger rows and stored configs."""
+    store = r.bench.store
+    candidates = store.candidates(r.bench.run_id, r.bench.round)
+    configs = {r.original.id: r.original}
+    for c in candidates:
+        if c.status != "crash" and c.hcp_id not in configs:  # a crashed proposal has no config
+            configs[c.hcp_id] = HCPConfig.model_validate(store.get_hcp(c.hcp_id))
+    return EvolveResult(configs[data["best"]], r.original, candidates, configs, data["budget"])
 
 
-def write_rounds(config: RunConfig, reports: list[dict[str, Any]]) -> Path:
-    """Write rounds.json (one row per round) in the run folder; returns its path."""
-    path = Path(config.run_dir) / str(config.run_id) / "rounds.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([round_row(r) for r in reports], indent=2))
-    return path
+def _load_adapter(r: Round, name: str, version: int) -> AdapterRecord:
+    """A registered adapter, made available to the round's policy."""
+    record = r.bench.store.adapter(name, version)
+    r.bench.policy.add_adapter(record.ref, record.path)
+    return record
 
 
-def format_rounds(reports: list[dict[str, Any]]) -> str:
-    """The loop summary as aligned text: per round, the test score of adapter + original config and the decision."""
-    lines = [f"{'round':<7}{'adapter':<16}{'decision':<18}{'adapter+original':>18}{'retention':>11}{'rollouts':>10}"]
-    for row in map(round_row, reports):
-        score = f"{row['eval']['adapter_original']:.3f}" if row["eval"] else "-"
-        kept = (row["retention"] or {}).get("test")
-        lines.append(
-            f"{row['round']:<7}{row['adapter'] or '-':<16}{row['decision']:<18}{score:>18}"
-            f"{'-' if kept is None else f'{kept:.2f}':>11}{row['rollouts']:>10}"
-        )
-    return "\n".join(lines)
+_RUN: dict[str, Callable[..., Any]] = {
+    "evolve": stage_evolve,
+    "select": stage_select,
+    "distill": stage_distill,
+    "gate": stage_gate,
+    "decide": stage_decide,
+    "report": stage_report,
+}
+_DUMP: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "evolve": lambda e: {"best": e.best.id, "budget": e.budget},
+    "select": lambda s: {"selection_id": s.id},
+    "distill": lambda rt: {"name": rt[0].name, "version": rt[0].version, "train": rt[1].model_dump(mode="json")},
+    "gate": lambda dev: dev.model_dump(mode="json"),
+    "decide": lambda rd: {"name": rd[0].name, "version": rd[0].version, "dev": rd[1].model_dump(mode="json")},
+    "report": lambda test: test.model_dump(mode="json"),
+}
+_LOAD: dict[str, Callable[[Round, dict[str, Any]], Any]] = {
+    "evolve": _load_evolve,
+    "select": lambda r, d: r.bench.store.selection(d["selection_id"]),
+    "distill": lambda r, d: (_load_adapter(r, d["name"], d["version"]), TrainResult.model_validate(d["train"])),
+    "gate": lambda r, d: EvalReport.model_validate(d),
+    "decide": lambda r, d: (_load_adapter(r, d["name"], d["version"]), EvalReport.model_validate(d["dev"])),
+    "report": lambda r, d: EvalReport.model_validate(d),
+}

@@ -20,10 +20,12 @@ from autoevolve.store import Store
 Progress = Callable[[str, int, int], None]
 
 
-def print_progress(label: str, done: int, total: int) -> None:
-    """Progress on stderr, one line that updates in place."""
+def print_progress(label: str, done: int, total: int, width: int = 24) -> None:
+    """A progress bar on stderr, one line that updates in place."""
+    filled = width * done // max(total, 1)
     end = "\n" if done >= total else ""
-    print(f"\r  {label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+    bar = "#" * filled + "." * (width - filled)
+    print(f"\r  [{bar}] {done}/{total} {label}\x1b[K", end=end, file=sys.stderr, flush=True)
 
 
 @dataclass

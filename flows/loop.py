@@ -10,20 +10,21 @@ from typing import Any
 
 from prefect import flow
 
-from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
+from autoevolve.report import format_rounds, write_rounds
 from flows.round import round_flow
 
 
 @flow(name="autoevolve-loop")
 def loop_flow(config: RunConfig) -> list[dict[str, Any]]:
-    """Run the rounds; round r+1's baseline is the promoted adapter (A_r again after a rejection)."""
-    reports = [round_flow(config)]
-    for _ in range(config.rounds - 1):
-        reports.append(round_flow(config, round=reports[-1]["round"] + 1))
-    path = loop.write_rounds(config, reports)
+    """Run rounds 0..rounds-1; round r+1's baseline is the promoted adapter (A_r again after a rejection).
+
+    Re-running a crashed run resumes it: finished rounds are read back, the interrupted one continues.
+    """
+    reports = [round_flow(config, round=r) for r in range(config.rounds)]
+    path = write_rounds(config, reports)
     if len(reports) > 1:
-        print(loop.format_rounds(reports))
+        print(format_rounds(reports))
         print(f"rounds: {path}")
     return reports
 

@@ -25,25 +25,25 @@ stage = task(cache_policy=NONE)
 @stage
 def evolve_stage(r: loop.Round):
     """Stage 1: prompt evolution."""
-    return loop.timed(r, "evolve", loop.stage_evolve, r)
+    return loop.run_stage(r, "evolve")
 
 
 @stage
-def select_stage(r: loop.Round, evolved):
+def select_stage(r: loop.Round):
     """Stage 2: trajectory selection."""
-    return loop.timed(r, "select", loop.stage_select, r, evolved)
+    return loop.run_stage(r, "select")
 
 
 @stage
-def distill_stage(r: loop.Round, evolved, selection):
+def distill_stage(r: loop.Round):
     """Stage 3: context distillation into the expert's LoRA."""
-    return loop.timed(r, "distill", loop.stage_distill, r, evolved, selection)
+    return loop.run_stage(r, "distill")
 
 
 @stage
-def gate_stage(r: loop.Round, evolved, record):
+def gate_stage(r: loop.Round):
     """The promotion gate on dev tasks."""
-    return loop.timed(r, "gate", loop.stage_gate, r, evolved, record)
+    return loop.run_stage(r, "gate")
 
 
 class Approval(RunInput):
@@ -75,37 +75,42 @@ def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
 
 
 @stage
-def decide_stage(r: loop.Round, record, dev):
+def decide_stage(r: loop.Round, dev: EvalReport):
     """Promote or reject in the registry; promotion hooks tell the serving fleet."""
-    return loop.stage_decide(r, record, dev)
+    return loop.run_stage(r, "decide", dev)
 
 
 @stage
-def report_stage(r: loop.Round, evolved, record):
+def report_stage(r: loop.Round):
     """The held-out 2x2 on test tasks."""
-    return loop.timed(r, "report", loop.stage_report, r, evolved, record)
+    return loop.run_stage(r, "report")
 
 
 @flow(name="autoevolve-round")
 def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
-    """One round: evolve -> select -> distil -> gate -> report."""
+    """One round: evolve -> select -> distil -> gate -> decide -> report; a crashed round resumes where it stopped."""
     r = loop.open_round(config, round=round)
     try:
-        evolved = evolve_stage(r)
-        selection = select_stage(r, evolved)
-        if not selection.items:  # nothing to distil: say so in the report instead of training on nothing
-            report = loop.write_report(r, evolved, selection)
-            print(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
-            return report
-        record, train = distill_stage(r, evolved, selection)
-        dev = gate_stage(r, evolved, record)
-        if dev.decision == "promote" and r.config.registry.approval:
-            dev = approval(r, dev)
-        record = decide_stage(r, record, dev)
-        test = report_stage(r, evolved, record)
-        report = loop.write_report(r, evolved, selection, record, train, dev, test)
+        done = loop.round_report(r.bench.store, r.bench.run_id, r.bench.round)
+        if done is not None:
+            print(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
+            return done
+        evolve_stage(r)
+        selection = select_stage(r)
+        if selection.items:
+            distill_stage(r)
+            dev = gate_stage(r)
+            if dev.decision == "promote" and r.config.registry.approval and not loop.finished(r, "decide"):
+                dev = approval(r, dev)
+            decide_stage(r, dev)
+            report_stage(r)
+        report = loop.finish_round(r)
     finally:
         r.bench.store.close()
+    if "eval" not in report:  # nothing to distil: the report says so instead of training on nothing
+        print(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
+        return report
+    test, dev = loop.result(r, "report"), loop.result(r, "decide")[1]
     print(format_table(test))
     print(f"gate (dev): {dev.decision}: {dev.reason}")
     if test.retention is not None:

@@ -143,3 +143,21 @@ def test_the_gate_promotes_a_good_adapter_and_rejects_a_planted_bad_one(tmp_path
     assert second.decision == "reject" and "(needs a gain above the minimum)" in second.reason
     assert bad.status == "rejected" and bad.reason == second.reason and Path(bad.path).is_dir()  # kept, with why
     assert live == good  # the live version is untouched
+
+
+@pytest.mark.integration
+def test_the_inspection_notebook_reads_the_real_round(round_run) -> None:
+    from tests.notebook import errors, run_notebook
+
+    config, _, _ = round_run
+    run_dir = Path(config.run_dir) / str(config.run_id)
+    env = {
+        "AUTOEVOLVE_STORE": str(config.store),
+        "AUTOEVOLVE_RUN": str(config.run_id),
+        "AUTOEVOLVE_RUN_DIR": str(run_dir),
+    }
+    done = run_notebook(ROOT / "notebooks" / "inspect_trajectories.ipynb", env)
+    assert errors(done) == []
+    for name in ("search.png", "rounds.png"):
+        png = (run_dir / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autoevolve.distill.dataset import build_dataset
 from autoevolve.model import base_model_id, load
+from autoevolve.workbench import print_progress
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -106,6 +107,7 @@ def fit(
     model = _with_adapter(model, settings, init_adapter)
     with tempfile.TemporaryDirectory(prefix="autoevolve-train-") as tmp:
         trainer, examples = build(model, tokenizer, tmp, torch.cuda.is_available())
+        trainer.add_callback(_progress_callback(_print_step))
         output = trainer.train()
     path = _save(trainer.model, out_dir, base_model_id(model_name))
     return trained(trainer, output, path, start, examples)
@@ -192,6 +194,12 @@ def _save(model: Any, out_dir: str | Path, base: str) -> Path:
         body["base_model_name_or_path"] = base
         config_file.write_text(json.dumps(body, indent=2, sort_keys=True))
     return path
+
+
+def _print_step(row: dict) -> None:
+    """Training progress on stderr: a bar of steps and the last loss, one line updated in place."""
+    if "loss" in row:
+        print_progress(f"train (loss {row['loss']:.3f})", row["step"], row["max_steps"])
 
 
 def _progress_callback(progress: Callable[[dict], None]) -> Any:

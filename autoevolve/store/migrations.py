@@ -119,6 +119,18 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        6,
+        "stage_results",
+        """
+        CREATE TABLE stage_results (
+            run_id VARCHAR NOT NULL, round INTEGER NOT NULL, stage VARCHAR NOT NULL,
+            result VARCHAR NOT NULL,  -- JSON: what the stage handed on (ids of stored records, reports)
+            seconds DOUBLE NOT NULL, created_at TIMESTAMP DEFAULT current_timestamp,
+            PRIMARY KEY (run_id, round, stage)
+        );
+        """,
+    ),
 ]
 
 LATEST_VERSION = max(v for v, _, _ in MIGRATIONS)

@@ -134,13 +134,20 @@ class RunTables(Connection):
         )
         return [_traj_from_row(r) for r in rows]
 
-    def count_trajectories(self, run_id: str | None = None, round: int | None = None) -> int:
-        """Number of stored trajectories: of all runs, of one run, or of one round of a run."""
+    def count_trajectories(
+        self, run_id: str | None = None, round: int | None = None, backend_failed: bool = False
+    ) -> int:
+        """Number of stored trajectories: of all runs, of one run, or of one round of a run.
+
+        ``backend_failed`` counts only the rollouts the policy endpoint failed (after its retries).
+        """
         where, params = [], []
         for column, value in (("run_id", run_id), ("round", round)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        if backend_failed:
+            where.append("starts_with(error, 'backend error')")
         sql = "SELECT count(*) FROM trajectories" + (" WHERE " + " AND ".join(where) if where else "")
         row = self._one(sql, params)
         return int(row[0]) if row else 0

@@ -1,0 +1,119 @@
+"""What a round leaves behind: report.json per round, rounds.json per run, and their text summaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autoevolve.config import RunConfig
+from autoevolve.distill import TrainResult
+from autoevolve.evaluate import CELLS
+from autoevolve.evolve import EvolveResult
+from autoevolve.records import AdapterRecord, EvalReport, Selection
+
+if TYPE_CHECKING:
+    from autoevolve.loop import Round
+
+
+def write_report(
+    r: Round,
+    evolved: EvolveResult,
+    selection: Selection,
+    record: AdapterRecord | None = None,
+    train: TrainResult | None = None,
+    dev: EvalReport | None = None,
+    test: EvalReport | None = None,
+) -> dict[str, Any]:
+    """Write report.json in the run folder and return it; without an adapter, the round stopped after selection."""
+    report: dict[str, Any] = {
+        "run_id": r.bench.run_id,
+        "round": r.bench.round,
+        "hcp": {"original": r.original.id, "evolved": evolved.best.id},
+        "candidates": [
+            {
+                "hcp_id": x.hcp_id,
+                "parents": x.parents,
+                "mutator": x.mutator,
+                "components": x.components,
+                "status": x.status,
+                "dev_mean": x.mean_reward if x.status == "keep" else None,
+                "note": x.note,
+            }
+            for x in evolved.candidates
+        ],
+        "evolve": {
+            "dev_original": evolved.candidates[0].mean_reward,
+            "dev_best": evolved.best_dev,
+            "budget": evolved.budget,
+        },
+        "rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round),
+        "failed_rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round, backend_failed=True),
+        "selected": len(selection.items),
+        "selection_id": selection.id,
+        "promoted": bool(record and record.status == "promoted"),
+        "adapter": record.ref if record else None,
+        "adapter_path": record.path if record else None,
+        "train": train.model_dump() if train else None,
+        "seconds": dict(r.seconds),
+    }
+    if test is not None and dev is not None:
+        c = test.cells
+        report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
+        report["eval_ci"] = {name: list(c[name].ci) for name in CELLS}
+        report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci)}
+        report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci)}
+        report["retention"] = {"test": test.retention, "dev": dev.retention}
+        report["prompt_tokens"] = {
+            "original": c["base_original"].prompt_tokens,
+            "evolved": c["base_evolved"].prompt_tokens,
+        }
+        report["gate"] = {
+            "split": "dev",
+            "decision": dev.decision,
+            "reason": dev.reason,
+            "cells": {k: v.mean for k, v in dev.cells.items()},
+            "n_tasks": dev.cells["base_original"].n,
+            "guard": dev.guard.model_dump() | {"drop": dev.guard.drop} if dev.guard else None,
+        }
+    r.run_dir.mkdir(parents=True, exist_ok=True)
+    (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def round_row(report: dict[str, Any]) -> dict[str, Any]:
+    """One round's line of the loop summary: decision, test 2x2 with intervals, gain, retention, cost."""
+    return {
+        "round": report["round"],
+        "adapter": report["adapter"],
+        "promoted": report["promoted"],
+        "decision": report.get("gate", {}).get("decision", "nothing selected"),
+        "eval": report.get("eval"),
+        "eval_ci": report.get("eval_ci"),
+        "gain": report.get("gain"),
+        "retention": report.get("retention"),
+        "prompt_tokens": report.get("prompt_tokens"),
+        "rollouts": report["rollouts"],
+        "train_seconds": (report.get("train") or {}).get("seconds"),
+    }
+
+
+def write_rounds(config: RunConfig, reports: list[dict[str, Any]]) -> Path:
+    """Write rounds.json (one row per round) in the run folder; returns its path."""
+    path = Path(config.run_dir) / str(config.run_id) / "rounds.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([round_row(r) for r in reports], indent=2))
+    return path
+
+
+def format_rounds(reports: list[dict[str, Any]]) -> str:
+    """The loop summary as aligned text: per round, the test score of adapter + original config and the decision."""
+    lines = [f"{'round':<7}{'adapter':<16}{'decision':<18}{'adapter+original':>18}{'retention':>11}{'rollouts':>10}"]
+    for row in map(round_row, reports):
+        score = f"{row['eval']['adapter_original']:.3f}" if row["eval"] else "-"
+        kept = (row["retention"] or {}).get("test")
+        lines.append(
+            f"{row['round']:<7}{row['adapter'] or '-':<16}{row['decision']:<18}{score:>18}"
+            f"{'-' if kept is None else f'{kept:.2f}':>11}{row['rollouts']:>10}"
+        )
+    return "\n".join(lines)

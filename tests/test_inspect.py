@@ -1,0 +1,130 @@
+"""The inspection tables over a two-round store, and `autoevolve inspect` run as a user runs it."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoevolve.inspect import best_diff, open_store, reply, round_summary, search_progress, two_by_two, wins
+from autoevolve.lineage import LineageError
+from autoevolve.records import Message, ToolCall
+from tests.test_export import ADAPTER, RUN, build_run, configs
+
+NAN = math.nan
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """The two-round store of ``tests.test_export.build_run``."""
+    path = tmp_path_factory.mktemp("inspect") / "s.duckdb"
+    build_run(path)
+    return path
+
+
+def _same(got: list[float], want: list[float]) -> bool:
+    """Equal lists of floats, NaN equal to NaN."""
+    pairs = zip(got, want, strict=True) if len(got) == len(want) else []
+    return len(got) == len(want) and all((math.isnan(a) and math.isnan(b)) or a == b for a, b in pairs)
+
+
+def test_search_progress_follows_the_ledger(built: Path) -> None:
+    with open_store(built) as store:
+        frame = search_progress(store, RUN)
+    assert frame["round"].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    assert frame["attempt"].tolist() == [0, 1, 2, 3, 0, 1, 2]
+    assert frame["status"].tolist() == ["keep", "keep", "discard", "crash", "keep", "keep", "discard"]
+    assert _same(frame["dev"].tolist(), [0.0, 0.5, NAN, NAN, 0.5, 0.75, NAN])
+    assert frame["best_dev"].tolist() == [0.0, 0.5, 0.5, 0.5, 0.5, 0.75, 0.75]  # per round: round 1 restarts
+    assert _same(frame["minibatch"].tolist(), [NAN, 1.0, 0.0, NAN, NAN, 1.0, 0.0])
+    assert _same(frame["parent_minibatch"].tolist(), [NAN, 0.0, 0.5, NAN, NAN, 0.0, 1.0])
+
+
+def test_round_summary_has_one_row_per_round(built: Path) -> None:
+    with open_store(built) as store:
+        frame = round_summary(store, RUN).set_index("round")
+    assert frame["rollouts"].tolist() == [12, 4] and frame["selected"].tolist() == [3, 2]
+    assert frame["candidates"].tolist() == [3, 2] and frame["kept"].tolist() == [1, 1]
+    assert frame["dev_original"].tolist() == [0.0, 0.5] and frame["dev_best"].tolist() == [0.5, 0.75]
+    assert frame["decision"].tolist() == ["promote", "reject"] and frame["dev_gain"].tolist() == [0.625, 0.0]
+    assert frame.loc[0, ["base_original", "base_evolved", "adapter_original", "adapter_evolved"]].tolist() == [
+        0.0,
+        0.5,
+        0.75,
+        0.625,
+    ]
+    assert frame["test_gain"].tolist() == [0.75, 0.0] and frame["retention"].tolist() == [1.5, 0.0]
+
+
+def test_two_by_two_is_the_test_report(built: Path) -> None:
+    with open_store(built) as store:
+        frame = two_by_two(store, RUN, 1)
+        with pytest.raises(LineageError, match="no test evaluation for run 'demo' round 7"):
+            two_by_two(store, RUN, 7)
+    assert frame.index.tolist() == ["base", "adapter"]
+    assert frame["original"]["mean"].tolist() == [0.75, 0.75] and frame["evolved"]["mean"].tolist() == [0.875] * 2
+    assert frame.loc["base", ("evolved", "ci_low")] == 0.775 and frame.loc["base", ("evolved", "ci_high")] == 0.975
+    assert frame["original"]["prompt_tokens"].tolist() == [254.0, 254.0] and frame["evolved"]["n"].tolist() == [8, 8]
+    assert frame.attrs["adapters"] == {"base": ADAPTER, "adapter": "L1-life@v2"} and frame.attrs["gain"] == 0.0
+
+
+def test_wins_put_both_replies_side_by_side(built: Path) -> None:
+    with open_store(built) as store:
+        first, second = wins(store, RUN, 0), wins(store, RUN, 1)
+        assert wins(store, RUN, 5).empty
+    assert first["task_id"].tolist() == ["t0", "t1", "t2"] and len(second) == 2
+    row = first.iloc[0]
+    assert (
+        row["evolved_reply"] == ('add_event({"title": "dentist t0", "day": "2025-03-04"}) -> Booked t0.')
+        and row["evolved_reward"] == 1.0
+    )
+    assert row["original_reply"] == "I cannot book t0." and row["original_reward"] == 0.0
+    assert second["evolved_reply"].tolist()[1].endswith("-> Booked t1.")  # round 1's rows are the adapter's
+
+
+def test_reply_of_a_call_without_text_and_of_no_assistant() -> None:
+    call = ToolCall.make("c", "list_events", {"day": "today"})
+    assert reply([Message(role="user", content="hi"), Message(role="assistant", tool_calls=[call])]) == (
+        'list_events({"day": "today"})'
+    )
+    assert reply([Message(role="user", content="hi")]) == ""
+
+
+def test_best_diff_is_the_rounds_evolved_config(built: Path) -> None:
+    original, evolved, evolved2 = configs()
+    with open_store(built) as store:
+        first, second = best_diff(store, RUN, 0), best_diff(store, RUN, 1)
+    assert f"--- {original.id}/system_prompt" in first and f"+++ {evolved.id}/system_prompt" in first
+    assert "Call a tool before answering." in first and "tool_format" not in first
+    assert f"+++ {evolved2.id}/tool_format" in second and "+tool_format: json" in second
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autoevolve.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_inspect_prints_counts_rounds_and_the_last_2x2(built: Path) -> None:
+    done = _cli("inspect", RUN, "--store", str(built))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        "run demo: 2 round(s), 16 rollouts, 7 candidates (4 keep, 2 discard, 1 crash), 5 selected items"
+    )
+    assert lines[2].split()[:3] == ["round", "rollouts", "candidates"]
+    assert lines[3].split()[:8] == ["0", "12", "3", "1", "0.000", "0.500", "3", "promote"]
+    assert lines[4].split()[:8] == ["1", "4", "2", "1", "0.500", "0.750", "2", "reject"]
+    assert lines[6] == "test 2x2, round 1 (mean [95% CI], prompt tokens)"
+    assert lines[8].split() == f"base {ADAPTER} 0.750 [0.650, 0.850] 254 0.875 [0.775, 0.975] 423".split()
+    assert lines[9].split()[:3] == ["adapter", "L1-life@v2", "0.750"]
+    assert lines[10] == "gain +0.000 [-0.050, +0.050], retention 0.00, n 8"
+
+
+def test_cli_inspect_unknown_run_or_store_exits_2(built: Path, tmp_path: Path) -> None:
+    done = _cli("inspect", "nope", "--store", str(built))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [f"autoevolve: no run 'nope' in {built} (runs: demo, other)"]
+    done = _cli("inspect", RUN, "--store", str(tmp_path / "missing.duckdb"))
+    assert done.returncode == 2 and "no store at" in done.stderr and len(done.stderr.splitlines()) == 1

@@ -1,0 +1,39 @@
+"""notebooks/inspect_trajectories.ipynb run top to bottom on a two-round store: every cell runs, both plots land."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+from tests.notebook import errors, run_notebook
+from tests.test_export import ADAPTER, RUN, build_run
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "inspect_trajectories.ipynb"
+
+
+def _text(cell: nbformat.NotebookNode) -> str:
+    """Everything a cell printed or displayed as text."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", "") or out.get("data", {}).get("text/plain", ""))
+    return "".join(parts)
+
+
+def test_notebook_runs_and_saves_both_plots(tmp_path: Path) -> None:
+    build_run(tmp_path / "s.duckdb")
+    run_dir = tmp_path / "runs" / RUN
+    env = {"AUTOEVOLVE_STORE": str(tmp_path / "s.duckdb"), "AUTOEVOLVE_RUN": RUN, "AUTOEVOLVE_RUN_DIR": str(run_dir)}
+    done = run_notebook(NOTEBOOK, env)
+    assert errors(done) == []
+    for name in ("search.png", "rounds.png"):
+        png = (run_dir / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name  # a drawn figure, not an empty canvas
+    code = [c for c in done.cells if c.cell_type == "code"]
+    assert all(c.get("execution_count") for c in code)  # every cell ran
+    out = "\n".join(_text(c) for c in code)
+    assert "run demo: 2 round(s), 16 rollouts, 7 candidates" in out
+    assert "+tool_format: json" in out  # the last round's diff
+    assert f"round 1: base = {ADAPTER}, adapter = L1-life@v2" in out  # the 2x2 of the last tested round
+    images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) == 2
