@@ -100,7 +100,7 @@ def _lineage(args: argparse.Namespace) -> int:
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
         return 2
     try:
-        with Store(args.store) as store:
+        with Store.snapshot(args.store) as store:
             if args.command == "candidates":
                 print(format_candidates(run_candidates(store, args.run, args.round)))
             elif args.command == "selections":
@@ -115,15 +115,15 @@ def _lineage(args: argparse.Namespace) -> int:
 
 def _read(args: argparse.Namespace) -> int:
     """Print a run's overview or export it to Parquet from a read-only view; exit 2 with one line if unknown."""
-    from autoevolve.inspect import format_inspect, open_store
+    from autoevolve.inspect import format_inspect
     from autoevolve.lineage import LineageError
-    from autoevolve.store import StoreBusy
+    from autoevolve.store import Store, StoreBusy
 
     if not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
         return 2
     try:
-        with open_store(args.store) as store:
+        with Store.snapshot(args.store) as store:
             if args.command == "inspect":
                 print(format_inspect(store, args.run))
             else:
@@ -170,7 +170,7 @@ def _registry(args: argparse.Namespace) -> int:
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
         return 2
     try:
-        with Store(args.store) as store:
+        with Store.snapshot(args.store) if args.action in ("list", "show") else Store(args.store) as store:
             if args.action == "list":
                 print(registry.format_experts(store))
             elif args.action == "show":

@@ -1,15 +1,14 @@
 """Reading a run as tables: the search's progress, one row per round, the test 2x2, what the evolved config won.
 
 Each function takes an open ``Store`` and returns a pandas DataFrame (or text), for the notebook in
-``notebooks/inspect_trajectories.ipynb`` and for ``autoevolve inspect RUN``. Open the store with ``open_store``:
-it reads a private copy when the store offers one, so a round writing the file at the same time is never blocked.
+``notebooks/inspect_trajectories.ipynb`` and for ``autoevolve inspect RUN``. Open the store with
+``Store.snapshot(path)``: a private copy, so a round writing the file at the same time is never blocked.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from pathlib import Path
 
 import pandas as pd
 
@@ -20,12 +19,6 @@ from autoevolve.store import Store
 from autoevolve.workbench import mean
 
 NAN = math.nan
-
-
-def open_store(path: str | Path) -> Store:
-    """The store at ``path`` for reading: ``Store.snapshot`` (a private copy) where it exists, else read-only."""
-    snapshot = getattr(Store, "snapshot", None)
-    return snapshot(path) if snapshot is not None else Store(path, read_only=True)
 
 
 def _known(store: Store, run_id: str) -> None:

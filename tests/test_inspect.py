@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from autoevolve.inspect import best_diff, open_store, reply, round_summary, search_progress, two_by_two, wins
+from autoevolve.inspect import best_diff, reply, round_summary, search_progress, two_by_two, wins
 from autoevolve.lineage import LineageError
 from autoevolve.records import Message, ToolCall
+from autoevolve.store import Store
 from tests.test_export import ADAPTER, RUN, build_run, configs
 
 NAN = math.nan
@@ -32,7 +33,7 @@ def _same(got: list[float], want: list[float]) -> bool:
 
 
 def test_search_progress_follows_the_ledger(built: Path) -> None:
-    with open_store(built) as store:
+    with Store.snapshot(built) as store:
         frame = search_progress(store, RUN)
     assert frame["round"].tolist() == [0, 0, 0, 0, 1, 1, 1]
     assert frame["attempt"].tolist() == [0, 1, 2, 3, 0, 1, 2]
@@ -44,7 +45,7 @@ def test_search_progress_follows_the_ledger(built: Path) -> None:
 
 
 def test_round_summary_has_one_row_per_round(built: Path) -> None:
-    with open_store(built) as store:
+    with Store.snapshot(built) as store:
         frame = round_summary(store, RUN).set_index("round")
     assert frame["rollouts"].tolist() == [12, 4] and frame["selected"].tolist() == [3, 2]
     assert frame["candidates"].tolist() == [3, 2] and frame["kept"].tolist() == [1, 1]
@@ -60,7 +61,7 @@ def test_round_summary_has_one_row_per_round(built: Path) -> None:
 
 
 def test_two_by_two_is_the_test_report(built: Path) -> None:
-    with open_store(built) as store:
+    with Store.snapshot(built) as store:
         frame = two_by_two(store, RUN, 1)
         with pytest.raises(LineageError, match="no test evaluation for run 'demo' round 7"):
             two_by_two(store, RUN, 7)
@@ -72,7 +73,7 @@ def test_two_by_two_is_the_test_report(built: Path) -> None:
 
 
 def test_wins_put_both_replies_side_by_side(built: Path) -> None:
-    with open_store(built) as store:
+    with Store.snapshot(built) as store:
         first, second = wins(store, RUN, 0), wins(store, RUN, 1)
         assert wins(store, RUN, 5).empty
     assert first["task_id"].tolist() == ["t0", "t1", "t2"] and len(second) == 2
@@ -95,7 +96,7 @@ def test_reply_of_a_call_without_text_and_of_no_assistant() -> None:
 
 def test_best_diff_is_the_rounds_evolved_config(built: Path) -> None:
     original, evolved, evolved2 = configs()
-    with open_store(built) as store:
+    with Store.snapshot(built) as store:
         first, second = best_diff(store, RUN, 0), best_diff(store, RUN, 1)
     assert f"--- {original.id}/system_prompt" in first and f"+++ {evolved.id}/system_prompt" in first
     assert "Call a tool before answering." in first and "tool_format" not in first

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +26,7 @@ from autoevolve.records import (
     Trajectory,
 )
 from autoevolve.store.migrations import LATEST_VERSION, MIGRATIONS
+from autoevolve.store.snapshot import is_lock_error, private_copy, publish, snapshot_path
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -103,31 +106,78 @@ class StoreBusy(RuntimeError):
 class Connection:
     """One DuckDB file, migrated on open; the table mixins run their SQL through ``_all``/``_one``/``_write``."""
 
-    def __init__(self, path: str | Path, read_only: bool = False) -> None:
-        """Open (and, when writable, create and migrate) the database at ``path``."""
+    def __init__(
+        self, path: str | Path, read_only: bool = False, publish_every_s: float | None = 15.0, wait_s: float = 10.0
+    ) -> None:
+        """Open (and, when writable, create and migrate) the database at ``path``.
+
+        A writable store publishes a snapshot for readers at most every ``publish_every_s`` seconds of writing
+        (None: never) and when it closes. A file held by another process is retried for ``wait_s`` seconds.
+        """
         self.path = Path(path)
         self.read_only = read_only
+        self.publish_every_s = None if read_only else publish_every_s
+        self._published = 0.0
+        self._in_tx = False
+        self._private: Path | None = None  # the temporary folder of a snapshot's private copy
         if read_only and not self.path.exists():
             raise FileNotFoundError(f"no store at {self.path} to open read-only")
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only)
-        except duckdb.IOException as exc:
-            if "lock" not in str(exc).lower():
-                raise
-            held = re.search(r"PID \d+", str(exc))
-            by = f" ({held.group(0)})" if held else ""
-            raise StoreBusy(
-                f"{self.path} is held by another process{by}, e.g. a running round; retry when it ends"
-            ) from None
+        self.con = self._connect(wait_s)
         try:
             self._check_version()
             if not read_only:
                 self._migrate()
+            self._publish()
         except BaseException:
             self.con.close()
             raise
+
+    @classmethod
+    def snapshot(cls, path: str | Path, wait_s: float = 10.0) -> Self:
+        """The store at ``path`` for reading while a round may be writing it: a private copy, deleted on close.
+
+        The copy is of the file, or of its writer's last published snapshot (at most ``publish_every_s`` old);
+        reading it never blocks the writer, and an older schema is migrated in the copy, never in the original.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no store at {path}")
+        try:
+            copy = private_copy(path, wait_s)
+        except TimeoutError as exc:
+            raise StoreBusy(str(exc)) from None
+        store = cls(copy, publish_every_s=None)
+        store._private, store.path = copy.parent, path  # messages name the store the reader asked for
+        return store
+
+    def _connect(self, wait_s: float) -> duckdb.DuckDBPyConnection:
+        """Connect, retrying while another process holds the file; StoreBusy naming it after ``wait_s``."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return duckdb.connect(str(self.path), read_only=self.read_only)
+            except duckdb.IOException as exc:
+                if not is_lock_error(exc):
+                    raise
+                if time.monotonic() >= deadline:
+                    held = re.search(r"PID \d+", str(exc))
+                    by = f" ({held.group(0)})" if held else ""
+                    raise StoreBusy(
+                        f"{self.path} is held by another process{by}, e.g. a running round; retry when it ends "
+                        "(readers: Store.snapshot, autoevolve inspect)"
+                    ) from None
+                time.sleep(0.2)
+
+    def _publish(self, force: bool = True) -> None:
+        """Publish a snapshot for readers (when writable), unless one was published within the interval."""
+        if self.publish_every_s is None or self._in_tx:
+            return
+        if not force and time.monotonic() - self._published < self.publish_every_s:
+            return
+        publish(self.con, self.path)
+        self._published = time.monotonic()
 
     def __enter__(self) -> Self:
         """Enter a ``with`` block."""
@@ -138,8 +188,12 @@ class Connection:
         self.close()
 
     def close(self) -> None:
-        """Close the connection; safe to call twice."""
+        """Close the connection; a writer's snapshot goes with it (readers read the file again). Safe twice."""
         self.con.close()
+        if self.publish_every_s is not None:
+            snapshot_path(self.path).unlink(missing_ok=True)
+        if self._private is not None:
+            shutil.rmtree(self._private, ignore_errors=True)
 
     def _all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run one statement and fetch every row, so no half-read result blocks the connection."""
@@ -153,18 +207,23 @@ class Connection:
     def _write(self, sql: str, params: Sequence[Any] = ()) -> int:
         """Run one write statement; returns the rows it changed (0 for DDL)."""
         row = self._one(sql, params)
+        self._publish(force=False)
         return int(row[0]) if row and isinstance(row[0], int) else 0
 
     @contextmanager
     def _tx(self) -> Iterator[None]:
         """Run a block in one transaction: all of it lands or none of it."""
         self.con.begin()
+        self._in_tx = True
         try:
             yield
         except BaseException:
             self.con.rollback()
             raise
+        finally:
+            self._in_tx = False
         self.con.commit()
+        self._publish(force=False)
 
     # -- schema ---------------------------------------------------------------------------------
 
