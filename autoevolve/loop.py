@@ -114,6 +114,11 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
     return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live)
 
 
+def reopen(r: Round) -> None:
+    """A fresh connection to the round's store, after another process (a remote stage's worker) wrote to the file."""
+    r.bench.store = Store(r.config.store)
+
+
 def finished(r: Round, stage: str) -> bool:
     """Whether a stage of this round has finished (in this process or an earlier one)."""
     return stage in r.results or r.bench.store.stage_result(r.bench.run_id, r.bench.round, stage) is not None
@@ -150,6 +155,11 @@ def finish_round(r: Round) -> dict[str, Any]:
     record, train = get["distill"] or (None, None)
     record, dev = get["decide"] or (record, get["gate"])
     report = write_report(r, get["evolve"], get["select"], record, train, dev, get["report"])
+    if report["failed_rollouts"]:
+        print(
+            f"{report['failed_rollouts']} of {report['rollouts']} rollouts failed at the policy endpoint after "
+            "retries; they are stored as failed trajectories with reward 0"
+        )
     r.bench.store.put_stage(r.bench.run_id, r.bench.round, "round", report, sum(r.seconds.values()))
     return report
 
