@@ -190,7 +190,7 @@ class _NoCalls:
 def test_distillation_killed_mid_training_resumes_to_the_same_adapter(
     tmp_path: Path, prefect_harness, tiny_model_dir
 ) -> None:
-    extra = "select: {train_tasks: 12}\ndistill: {epochs: 4, batch_size: 2}\n"
+    extra = "select: {train_tasks: 12}\ndistill: {epochs: 2, batch_size: 2}\n"
     whole = _config(tmp_path, tiny_model_dir, "whole", extra)
     killed = _config(tmp_path, tiny_model_dir, "killed", extra)
     _prepared_store(whole)
@@ -208,7 +208,7 @@ def test_distillation_killed_mid_training_resumes_to_the_same_adapter(
     with Store(tmp_path / "killed" / "s.duckdb", read_only=True) as store:
         [adapter] = store.adapters()  # one version, not one per attempt
         result = store.stage_result("resume", 0, "distill")
-    assert adapter.version == 1 and adapter.round == 0 and result is not None and result[0]["train"]["steps"] == 24
+    assert adapter.version == 1 and adapter.round == 0 and result is not None and result[0]["train"]["steps"] == 12
     weights = [
         load_file(tmp_path / n / "runs" / "resume" / "adapters" / "L1-life-v1" / "adapter_model.safetensors")
         for n in ("whole", "killed")
