@@ -9,6 +9,7 @@ autoevolve inspect quickstart             a run at a glance: counts, one row per
 autoevolve export quickstart out/         a run's tables as Parquet folders partitioned by round
 autoevolve registry list                  the LoRA experts and their live versions (also: show, promote, rollback,
                                           add-expert)
+autoevolve deploy configs/quickstart.yaml the run's Prefect deployments: the loop on its cron, stages on work pools
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("dir", help="output folder (one per run: trajectories/, candidates/, ... go inside)")
     exp.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     _registry_parser(sub)
+    dep = sub.add_parser("deploy", help="create or update the run's Prefect deployments", description=_DEPLOY_HELP)
+    dep.add_argument("config", help="run config YAML; its deploy: section has the cron, work pools and GPU job")
+    dep.add_argument("--dry-run", action="store_true", help="print the deployments; contact no Prefect server")
     args = parser.parse_args(argv)
     if args.command == "registry":
         return _registry(args)
@@ -72,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id})")
         return 0
+    if args.command == "deploy":
+        return _deploy(config, args.config, args.dry_run)
     if args.auto_approve:
         config.registry.approval = False
     return _run(config)
@@ -81,6 +87,14 @@ _RUN_HELP = (
     "Run the config's rounds (1 unless it sets rounds: N), each: prompt evolution on train tasks, selection of "
     "the rollouts the best config unlocked, LoRA distillation under the original config, the dev gate, and the "
     "2x2 report on test tasks. Writes report.json (the last round) and rounds.json under run_dir/run_id."
+)
+
+
+_DEPLOY_HELP = (
+    "Create or update, on the Prefect server PREFECT_API_URL names, the loop on the config's cron "
+    "(autoevolve-evolution/RUN, CPU pool), the rollout stages (autoevolve-STAGE/cpu) and distillation "
+    "(autoevolve-distill/gpu, GPU pool). Flow runs start in $AUTOEVOLVE_HOME (default: this folder), which must be "
+    "the same path on every worker. The work pools must exist."
 )
 
 
@@ -94,7 +108,7 @@ def _lineage(args: argparse.Namespace) -> int:
         run_candidates,
         run_selections,
     )
-    from autoevolve.store import Store, StoreBusy
+    from autoevolve.store import Store, StoreBusy, StoreTooNew
 
     if not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -107,7 +121,7 @@ def _lineage(args: argparse.Namespace) -> int:
                 print(format_selections(run_selections(store, args.run), items=args.items))
             else:
                 print(config_diff(store, args.run, args.a, args.b))
-    except (LineageError, StoreBusy) as exc:
+    except (LineageError, StoreBusy, StoreTooNew) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -117,7 +131,7 @@ def _read(args: argparse.Namespace) -> int:
     """Print a run's overview or export it to Parquet from a read-only view; exit 2 with one line if unknown."""
     from autoevolve.inspect import format_inspect
     from autoevolve.lineage import LineageError
-    from autoevolve.store import Store, StoreBusy
+    from autoevolve.store import Store, StoreBusy, StoreTooNew
 
     if not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -132,7 +146,7 @@ def _read(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
         return 2
-    except (LineageError, StoreBusy) as exc:
+    except (LineageError, StoreBusy, StoreTooNew) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -164,7 +178,7 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
 def _registry(args: argparse.Namespace) -> int:
     """Run a registry action; exit 2 with one line for an unknown expert or version, a refused adapter, a busy store."""
     from autoevolve import registry
-    from autoevolve.store import Store, StoreBusy
+    from autoevolve.store import Store, StoreBusy, StoreTooNew
 
     if args.action in ("list", "show") and not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -187,7 +201,7 @@ def _registry(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
         return 2
-    except (ValueError, StoreBusy) as exc:
+    except (ValueError, StoreBusy, StoreTooNew) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     except registry.PromotionRolledBack as exc:
@@ -207,9 +221,28 @@ def _run(config: RunConfig) -> int:
     """Run the round flow (imported here: the library itself never imports Prefect)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry writes racing the flow
+    from autoevolve.store import Store, StoreBusy, StoreTooNew
     from flows.loop import loop_flow
 
+    try:  # a store this code cannot write stops here, with one line, before any model loads
+        Store(config.store).close()
+    except (StoreBusy, StoreTooNew) as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
     loop_flow(config)
+    return 0
+
+
+def _deploy(config: RunConfig, path: str, dry_run: bool) -> int:
+    """Create or update the run's deployments (imported here: the library itself never imports Prefect)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from flows.deploy import DeployError, apply_deployments
+
+    try:
+        print("\n".join(apply_deployments(config, path, dry_run)))
+    except DeployError as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from autoevolve.records import (
     ToolCall,
     Trajectory,
 )
-from autoevolve.store import LATEST_VERSION, MIGRATIONS, Store
+from autoevolve.store import LATEST_VERSION, MIGRATIONS, Store, StoreTooNew
 from autoevolve.store import base as store_mod
 
 
@@ -127,6 +129,16 @@ def test_newer_schema_refused(tmp_path: Path) -> None:
     assert str(LATEST_VERSION + 5) in str(err.value) and str(LATEST_VERSION) in str(err.value)
     with pytest.raises(RuntimeError, match="future.duckdb"):
         Store(path, read_only=True)
+    with pytest.raises(StoreTooNew, match=f"store {path} has schema version"):
+        Store.snapshot(path)
+    for args in (["candidates", "r", "--store"], ["inspect", "r", "--store"], ["registry", "--store"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "autoevolve.cli", *args, str(path), *(["list"] if args[0] == "registry" else [])],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"has schema version {LATEST_VERSION + 5}" in done.stderr and "upgrade autoevolve" in done.stderr
 
 
 def test_failed_migration_rolls_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,6 +103,10 @@ class StoreBusy(RuntimeError):
     """Another process holds the database file (DuckDB allows one writer, and readers only without one)."""
 
 
+class StoreTooNew(RuntimeError):
+    """The file was written by a newer autoevolve whose schema this code does not know."""
+
+
 class Connection:
     """One DuckDB file, migrated on open; the table mixins run their SQL through ``_all``/``_one``/``_write``."""
 
@@ -148,7 +152,13 @@ class Connection:
             copy = private_copy(path, wait_s)
         except TimeoutError as exc:
             raise StoreBusy(str(exc)) from None
-        store = cls(copy, publish_every_s=None)
+        try:
+            store = cls(copy, publish_every_s=None)
+        except BaseException as exc:
+            shutil.rmtree(copy.parent, ignore_errors=True)
+            if isinstance(exc, StoreTooNew):
+                raise StoreTooNew(str(exc).replace(str(copy), str(path))) from None
+            raise
         store._private, store.path = copy.parent, path  # messages name the store the reader asked for
         return store
 
@@ -238,7 +248,7 @@ class Connection:
         """Refuse a file written by newer code: its tables may mean things this code does not know."""
         found = self.schema_version()
         if found > LATEST_VERSION:
-            raise RuntimeError(
+            raise StoreTooNew(
                 f"store {self.path} has schema version {found}, but this code knows only up to version "
                 f"{LATEST_VERSION}; upgrade autoevolve to open it"
             )
