@@ -23,8 +23,9 @@ def snapshot_path(path: Path) -> Path:
 
 
 def is_lock_error(exc: Exception) -> bool:
-    """Whether DuckDB refused a file because another process holds it."""
-    return isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower()
+    """Whether DuckDB refused a file because another process (or a connection of this one) holds it."""
+    held_here = isinstance(exc, duckdb.Error) and "already attached" in str(exc)
+    return held_here or (isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower())
 
 
 def _sql_path(path: Path | str) -> str:
@@ -73,7 +74,7 @@ def private_copy(path: Path, wait_s: float = 10.0) -> Path:
                 con.execute(f"ATTACH {_sql_path(path)} AS autoevolve_source (READ_ONLY)")
                 _copy_into(con, "autoevolve_source", copy)
             return copy
-        except duckdb.IOException as exc:
+        except duckdb.Error as exc:
             if not is_lock_error(exc):
                 shutil.rmtree(folder, ignore_errors=True)
                 raise
