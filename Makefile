@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install demo test lint bench bench-gepa bench-loop
+.PHONY: install demo test lint bench bench-store bench-gepa bench-loop
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -29,6 +29,9 @@ lint: install
 
 bench: install
 	$(PY) bench/rollout_throughput.py
+
+bench-store: install  # snapshot publish and read cost by store size, under a minute
+	$(PY) bench/store_snapshot.py
 
 bench-gepa: install  # about 15 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
