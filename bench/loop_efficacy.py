@@ -84,7 +84,7 @@ def run(config_path: Path) -> Path:
     config = load_config(config_path)
     run_dir = Path(config.run_dir) / str(config.run_id)
     if run_dir.exists() or Path(config.store).exists():
-        # A leftover store would make this a continuation (round numbers follow the adapters already trained).
+        # A leftover store would resume (or just reprint) the run it holds instead of measuring a fresh one.
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for old in (run_dir, Path(config.store)):
             if old.exists():
