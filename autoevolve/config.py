@@ -7,8 +7,10 @@ are relative to the working directory.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -159,6 +161,11 @@ class DistillSettings(GRPOSettings):
         description="sft: the kept rollouts; dpo: (kept rollout, original's failed rollout) pairs; "
         "grpo: RL on the selected tasks with the environment's reward.",
     )
+    deployment: str | None = Field(
+        default=None,
+        description="Run stage 3 as a flow run of this Prefect deployment ('flow-name/deployment-name', e.g. "
+        "'autoevolve-distill/gpu' on the GPU pool); None: in the round's own process.",
+    )
 
     @model_validator(mode="after")
     def _whole_groups(self) -> DistillSettings:
@@ -211,6 +218,62 @@ class RegistrySettings(Section):
     approval_timeout_s: int = Field(default=3600, gt=0, description="Seconds to wait for approval before rejecting.")
 
 
+# Docker worker job variables (prefect-docker's `docker` work pool type) that give a flow run's container one GPU.
+GPU_JOB_VARIABLES: dict[str, Any] = {
+    "image_pull_policy": "IfNotPresent",
+    "env": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
+    "container_create_kwargs": {
+        "device_requests": [{"driver": "nvidia", "count": 1, "capabilities": [["gpu"]]}],
+        "shm_size": "8g",  # torch data loaders share tensors through /dev/shm; Docker's 64 MB default is too small
+    },
+}
+
+
+class DeploySettings(Section):
+    """How ``autoevolve deploy`` puts this run on Prefect: the loop on a cron schedule, stages on work pools."""
+
+    cron: str = Field(default="0 2 * * *", description="When the scheduled loop starts (five-field cron).")
+    timezone: str = Field(default="UTC", description="IANA time zone of ``cron`` and of the date in scheduled run ids.")
+    cpu_pool: str = Field(default="autoevolve-cpu", description="Work pool of the loop and the rollout stages.")
+    gpu_pool: str = Field(default="autoevolve-gpu", description="Work pool of the distillation stage (type docker).")
+    gpu_image: str = Field(
+        default="autoevolve-gpu:latest", description="Docker image of distillation runs: CUDA torch + this project."
+    )
+    gpu_job_variables: dict[str, Any] = Field(
+        default_factory=lambda: copy.deepcopy(GPU_JOB_VARIABLES),
+        description="Docker worker job variables of the distillation deployment; keys given here replace the "
+        "defaults' (one GPU, 8 GB /dev/shm, offline Hugging Face); a null value leaves that key out.",
+    )
+    remote_timeout_s: float | None = Field(
+        default=86400.0, gt=0, description="Seconds a round waits for a remote stage's flow run; None: no limit."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, value: str) -> str:
+        """Catch a malformed cron before it reaches Prefect (which checks each field)."""
+        if len(value.split()) != 5:
+            raise ValueError(f"{value!r} is not a five-field cron (minute hour day month weekday)")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        """The time zone must be in the IANA database."""
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r} (an IANA name such as 'UTC' or 'Europe/Berlin')") from None
+        return value
+
+    @field_validator("gpu_job_variables", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        """Given keys replace the defaults', so that setting e.g. mem_limit keeps the GPU request."""
+        # Nulls stay (the deployment leaves them out): a dumped config then validates to the same settings.
+        return copy.deepcopy(GPU_JOB_VARIABLES) | value if isinstance(value, dict) else value
+
+
 class RunConfig(Section):
     """One run of the loop."""
 
@@ -228,6 +291,7 @@ class RunConfig(Section):
     distill: DistillSettings = Field(default_factory=DistillSettings)
     gate: GateSettings = Field(default_factory=GateSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
 
     @field_validator("expert")
     @classmethod

@@ -1,34 +1,57 @@
 """The round flow: one Prefect task per stage, read top to bottom like the round itself.
 
+Stages that call the policy endpoint retry (every stage is idempotent: stored rollouts are reused) and carry the tag
+``autoevolve-policy``, so ``prefect concurrency-limit create autoevolve-policy 4`` bounds how many of them run
+against the endpoint at once. With ``distill.deployment`` set, stage 3 runs as a flow run of that deployment (the
+GPU work pool). Each round leaves a Markdown report and a table of its candidates as artifacts, and a progress
+artifact follows its rollouts while they run.
+
 Run: autoevolve run configs/quickstart.yaml   (or: python -m flows.round configs/quickstart.yaml)
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, pause_flow_run, task
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NONE
-from prefect.exceptions import FlowPauseTimeout
+from prefect.deployments import run_deployment
+from prefect.exceptions import FlowPauseTimeout, ObjectNotFound
 from prefect.input import RunInput
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
 from autoevolve.evaluate import format_table
+from autoevolve.hcp import diff
+from autoevolve.markdown import candidate_rows, round_markdown
 from autoevolve.records import EvalReport
+from autoevolve.workbench import Progress
+
+POLICY_TAG = "autoevolve-policy"
 
 # Stage inputs are live objects (policy, store); they are not cached across runs, the store is the cache.
 stage = task(cache_policy=NONE)
+# A retry reruns the whole stage, which loads every rollout already stored and generates only the missing ones.
+policy_stage = task(cache_policy=NONE, retries=2, retry_delay_seconds=30, tags=[POLICY_TAG])
 
 
-@stage
+@policy_stage
 def evolve_stage(r: loop.Round):
     """Stage 1: prompt evolution."""
     return loop.run_stage(r, "evolve")
 
 
-@stage
+@policy_stage
 def select_stage(r: loop.Round):
     """Stage 2: trajectory selection."""
     return loop.run_stage(r, "select")
@@ -36,11 +59,40 @@ def select_stage(r: loop.Round):
 
 @stage
 def distill_stage(r: loop.Round):
-    """Stage 3: context distillation into the expert's LoRA."""
-    return loop.run_stage(r, "distill")
+    """Stage 3: context distillation into the expert's LoRA, here or on the deployment ``distill.deployment`` names."""
+    name = r.config.distill.deployment
+    if name is None or loop.finished(r, "distill"):
+        return loop.run_stage(r, "distill")
+    return remote_stage(r, "distill", name)
 
 
-@stage
+def remote_stage(r: loop.Round, name: str, deployment: str) -> Any:
+    """Run a stage as a flow run of a deployment (a worker elsewhere) and load the result it stored."""
+    r.bench.store.close()  # the worker opens the DuckDB file, and DuckDB allows one writing process at a time
+    parameters = {"config": json.loads(r.config.model_dump_json()), "round": r.bench.round}
+    timeout = r.config.deploy.remote_timeout_s
+    print(f"  {name}: running on deployment {deployment} (waiting for its flow run)")
+    try:
+        run = run_deployment(deployment, parameters=parameters, timeout=timeout)
+    except ObjectNotFound:
+        raise RuntimeError(
+            f"stage {name}: deployment {deployment!r} not found on the Prefect API; create it with `autoevolve "
+            "deploy CONFIG` against the server PREFECT_API_URL names"
+        ) from None
+    state = run.state
+    if state is None or not state.is_completed():
+        if state is not None and not state.is_final():
+            what = f"still {state.name} after {timeout:.0f} s (is a worker polling work pool {run.work_pool_name!r}?)"
+        else:
+            what = f"{state.name}: {state.message or 'no message'}" if state else "without a state"
+        raise RuntimeError(
+            f"stage {name} on deployment {deployment!r} did not complete: flow run {run.name} ({run.id}) is {what}"
+        )
+    loop.reopen(r)
+    return loop.result(r, name)
+
+
+@policy_stage
 def gate_stage(r: loop.Round):
     """The promotion gate on dev tasks."""
     return loop.run_stage(r, "gate")
@@ -74,13 +126,14 @@ def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
     return dev
 
 
-@stage
+# Idempotent too: a version that is live already is not promoted (nor its hooks fired) a second time.
+@task(cache_policy=NONE, retries=2, retry_delay_seconds=10)
 def decide_stage(r: loop.Round, dev: EvalReport):
     """Promote or reject in the registry; promotion hooks tell the serving fleet."""
     return loop.run_stage(r, "decide", dev)
 
 
-@stage
+@policy_stage
 def report_stage(r: loop.Round):
     """The held-out 2x2 on test tasks."""
     return loop.run_stage(r, "report")
@@ -90,6 +143,7 @@ def report_stage(r: loop.Round):
 def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
     """One round: evolve -> select -> distil -> gate -> decide -> report; a crashed round resumes where it stopped."""
     r = loop.open_round(config, round=round)
+    r.bench.progress = RolloutProgress(f"{artifact_key(r)}-progress", r.bench.progress)
     try:
         done = loop.round_report(r.bench.store, r.bench.run_id, r.bench.round)
         if done is not None:
@@ -105,8 +159,10 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
             decide_stage(r, dev)
             report_stage(r)
         report = loop.finish_round(r)
+        changes = diff(r.original, loop.result(r, "evolve").best)
     finally:
         r.bench.store.close()
+    publish(r, report, changes)
     if "eval" not in report:  # nothing to distil: the report says so instead of training on nothing
         print(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
         return report
@@ -117,6 +173,43 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
         print(f"retention (test): {test.retention:.2f} of the evolved prompt's gain kept with the original prompt")
     print(f"report: {r.run_dir / 'report.json'}")
     return report
+
+
+# -- artifacts: what a round shows in the Prefect UI ----------------------------------------------------------------
+
+
+def artifact_key(r: loop.Round) -> str:
+    """``autoevolve-<run>-round-<n>``; Prefect keys allow lowercase letters, digits and dashes only."""
+    run = re.sub(r"[^a-z0-9-]+", "-", r.bench.run_id.lower()).strip("-")
+    return f"autoevolve-{run}-round-{r.bench.round}"
+
+
+def publish(r: loop.Round, report: dict[str, Any], changes: str) -> None:
+    """The round's report as a Markdown artifact and its stage-1 candidates as a table artifact."""
+    key, where = artifact_key(r), f"run {r.bench.run_id}, round {r.bench.round}"
+    create_markdown_artifact(round_markdown(report, changes), key=key, description=f"Round report ({where})")
+    create_table_artifact(candidate_rows(report), key=f"{key}-candidates", description=f"Stage-1 candidates ({where})")
+
+
+class RolloutProgress:
+    """The workbench's progress callback, mirrored into a progress artifact; the terminal bar still shows."""
+
+    def __init__(self, key: str, show: Progress | None) -> None:
+        self.key, self.show = key, show
+        self.label: str | None = None
+        self.artifact: UUID | None = None
+        self.complete = True
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        """Update the artifact; each new batch of rollouts (a config on some tasks) starts a new version of it."""
+        if self.show is not None:
+            self.show(label, done, total)
+        percent, text = 100.0 * done / max(total, 1), f"{label}: {done}/{total} tasks rolled out"
+        if self.artifact is None or self.complete or label != self.label:
+            self.label, self.artifact = label, create_progress_artifact(percent, key=self.key, description=text)
+        else:
+            update_progress_artifact(self.artifact, percent, description=text)
+        self.complete = done >= total
 
 
 if __name__ == "__main__":

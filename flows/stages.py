@@ -6,8 +6,6 @@ a stage that finished before is loaded, not redone. The round flow runs the same
 Run: python -m flows.stages distill configs/quickstart.yaml --round 0
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 from typing import Any

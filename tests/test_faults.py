@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_round_completes_and_counts_the_rollouts_the_endpoint_failed(
     tmp_path: Path,
     prefect_harness,
-    fake,
+    fake,  # noqa: F811 - the fixture imported above
     fault: str,
-    capsys,  # noqa: F811
+    capsys,
 ) -> None:
     from flows.round import round_flow
 

@@ -1,0 +1,125 @@
+"""A round's report as Markdown and table rows, for dashboards (the round flow publishes them as Prefect artifacts).
+
+Plain text from report.json's dict: the test 2x2 with intervals, retention, the dev gate's decision and reason,
+and how the best config differs from the original. No Prefect here; ``flows/round.py`` does the publishing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ROWS = (("base", "A_r (live at the start)"), ("adapter", "A_r+1 (distilled)"))
+COLUMNS = (("original", "original config"), ("evolved", "evolved config"))
+
+
+def round_markdown(report: dict[str, Any], diff: str) -> str:
+    """The round at a glance: decision, test 2x2 with 95% intervals, retention, stage 1, the best config's diff."""
+    head = f"# autoevolve run `{report['run_id']}`, round {report['round']}"
+    parts = [head, _decision(report)]
+    if "eval" in report:
+        parts += [_table(report), _gains(report)]
+    parts += [_search(report), _diff(diff)]
+    return "\n\n".join(parts) + "\n"
+
+
+def candidate_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per stage-1 candidate with scalar cells (lists joined), as a table artifact wants them."""
+    rows = []
+    for c in report["candidates"]:
+        rows.append(
+            {
+                "hcp_id": c["hcp_id"],
+                "parents": ",".join(c["parents"]) or "-",
+                "mutator": c["mutator"],
+                "components": ",".join(c["components"]) or "-",
+                "status": c["status"],
+                "dev_mean": None if c["dev_mean"] is None else round(c["dev_mean"], 4),
+                "best": c["hcp_id"] == report["hcp"]["evolved"],
+                "note": c["note"],
+            }
+        )
+    return rows
+
+
+def _decision(report: dict[str, Any]) -> str:
+    """The gate's decision and reason, or why there was nothing to gate."""
+    if "gate" not in report:
+        return (
+            f"**Nothing selected**: no rollout of an evolved config beat the original on a train task "
+            f"({report['selected']} kept), so nothing was distilled and the live adapter is unchanged."
+        )
+    g = report["gate"]
+    live = "now live" if report["promoted"] else "not live"
+    lines = [f"**Gate (dev, {g['n_tasks']} tasks): {g['decision']}** — {g['reason']}"]
+    lines.append(f"Adapter `{report['adapter']}` is {live}.")
+    if g.get("guard"):
+        x = g["guard"]
+        lines.append(
+            f"Guard ({x['env']}, {x['n']} tasks): {x['base']:.3f} -> {x['candidate']:.3f}, "
+            f"drop {x['drop']:+.3f}, tolerance {x['tolerance']:.3f}."
+        )
+    return "\n\n".join(lines)
+
+
+def _table(report: dict[str, Any]) -> str:
+    """The held-out 2x2: mean reward and bootstrap 95% interval per (adapter, config) cell."""
+    means, cis = report["eval"], report["eval_ci"]
+    lines = [
+        f"## Held-out test ({means['n_tasks']} tasks): mean reward [95% CI]",
+        "",
+        "| adapter | " + " | ".join(label for _, label in COLUMNS) + " |",
+        "| --- | " + " | ".join("---" for _ in COLUMNS) + " |",
+    ]
+    for row, label in ROWS:
+        cells = [f"{means[f'{row}_{col}']:.3f} [{_ci(cis[f'{row}_{col}'])}]" for col, _ in COLUMNS]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _gains(report: dict[str, Any]) -> str:
+    """Gain of the new adapter under the original config, retention, and what the evolved prompt costs."""
+    gain, kept, tokens = report["gain"], report["retention"], report["prompt_tokens"]
+    lines = [
+        f"- gain of A_r+1 over A_r, original config: test {gain['test']:+.3f} [{_ci(gain['test_ci'], '+')}], "
+        f"dev {gain['dev']:+.3f} [{_ci(gain['dev_ci'], '+')}]",
+        f"- retention (share of the evolved config's gain kept with the original config): "
+        f"test {_share(kept['test'])}, dev {_share(kept['dev'])}",
+        f"- prompt tokens of the first call: original {tokens['original']:.0f}, evolved {tokens['evolved']:.0f}",
+    ]
+    return "\n".join(lines)
+
+
+def _search(report: dict[str, Any]) -> str:
+    """Stage 1 and 2 in numbers."""
+    e = report["evolve"]
+    failed = f" ({report['failed_rollouts']} failed at the endpoint)" if report.get("failed_rollouts") else ""
+    return "\n".join(
+        [
+            "## Search",
+            "",
+            f"- dev mean: original {e['dev_original']:.3f} -> best {e['dev_best']:.3f} "
+            f"(`{report['hcp']['evolved']}`, {len(report['candidates'])} candidates)",
+            f"- kept for distillation: {report['selected']} rollouts; "
+            f"rollouts this round: {report['rollouts']}{failed}",
+        ]
+    )
+
+
+def _diff(diff: str) -> str:
+    """The best config's per-component diff against the original, fenced so its own backticks cannot end it."""
+    if not diff.strip():
+        return "## Best config vs the original\n\nThe best config is the original: no evolved config beat it on dev."
+    longest = max((len(run) for run in re.findall(r"`+", diff)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"## Best config vs the original\n\n{fence}diff\n{diff}\n{fence}"
+
+
+def _ci(pair: list[float], sign: str = "") -> str:
+    """An interval as 'lo, hi' (``sign='+'``: signed, for gains)."""
+    return f"{pair[0]:{sign}.3f}, {pair[1]:{sign}.3f}"
+
+
+def _share(value: float | None) -> str:
+    """A retention share, or '-' when the evolved config gained nothing."""
+    return "-" if value is None else f"{value:.2f}"
