@@ -61,6 +61,11 @@ class OpenAISettings(Section):
     timeout_s: float = Field(default=60.0, gt=0)
     max_retries: int = Field(default=2, ge=0)
     backoff_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry, capped at 8 s.")
+    load_adapters: bool = Field(
+        default=True,
+        description="Load each adapter the round uses into the server (vLLM /v1/load_lora_adapter); false: the "
+        "server serves them already.",
+    )
 
 
 class ModelSettings(Section):

@@ -75,7 +75,14 @@ def make_policy(config: RunConfig) -> Policy:
 
         o = m.openai
         return OpenAIPolicy(
-            m.name, o.base_url, o.api_key_env, o.concurrency, o.timeout_s, o.max_retries, backoff_s=o.backoff_s
+            m.name,
+            o.base_url,
+            o.api_key_env,
+            o.concurrency,
+            o.timeout_s,
+            o.max_retries,
+            backoff_s=o.backoff_s,
+            load_adapters=o.load_adapters,
         )
     from autoevolve.policy.local import LocalPolicy
 

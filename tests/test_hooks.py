@@ -391,3 +391,21 @@ def test_event_round_trips_and_pairs_versions_with_paths():
         _event(path=None)
     with pytest.raises(ValidationError, match="previous_path"):
         _event(previous_path=None)
+
+
+def test_an_openai_policy_loads_the_adapters_a_round_uses_into_vllm(servers) -> None:
+    from autoevolve.policy.openai import OpenAIPolicy
+
+    server = servers()
+    policy = OpenAIPolicy(BASE, f"{server.url}/v1", load_adapters=True)
+    policy.add_adapter("L1-life@v2", "/adapters/L1-life-v2")
+    policy.add_adapter("L1-life@v2", "/adapters/L1-life-v2")  # known already: no second request
+    assert server.loaded == {"L1-life@v2": "/adapters/L1-life-v2"}
+    assert [c[1] for c in server.calls()] == ["/v1/load_lora_adapter"]
+    OpenAIPolicy(BASE, f"{server.url}/v1", load_adapters=True).add_adapter("L1-life@v2", "/adapters/L1-life-v2")
+    assert len(server.calls()) == 2  # another process's policy: vLLM's 'already loaded' is fine
+    server.load_status = 500
+    with pytest.raises(RuntimeError, match=r"could not load adapter 'L1-life@v3' .* HTTP 500 .*--enable-lora"):
+        policy.add_adapter("L1-life@v3", "/adapters/L1-life-v3")
+    OpenAIPolicy(BASE, f"{server.url}/v1").add_adapter("L1-life@v4", "/x")  # load_adapters off: nothing sent
+    assert len(server.calls()) == 3 and "L1-life@v3" not in server.loaded

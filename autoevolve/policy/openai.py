@@ -56,8 +56,9 @@ class OpenAIPolicy:
         timeout_s: float = 60.0,
         max_retries: int = 2,
         backoff_s: float = 0.5,
+        load_adapters: bool = False,
     ) -> None:
-        self.model, self.base_url = model, base_url
+        self.model, self.base_url, self.load_adapters = model, base_url, load_adapters
         self.api_key = os.environ.get(api_key_env) or "EMPTY"  # local servers accept any key
         self.concurrency, self.timeout_s, self.max_retries = concurrency, timeout_s, max_retries
         self.backoff_s = backoff_s
@@ -67,8 +68,31 @@ class OpenAIPolicy:
         self.adapters: dict[str, str] = {}
 
     def add_adapter(self, name: str, path: str) -> None:
-        """Note an adapter name; the server must already serve it (see the vllm promotion hook)."""
+        """Serve an adapter under ``name``: with ``load_adapters``, load it into the server (vLLM's runtime LoRA
+        updating; the folder must be visible to the server at ``path``); without, the server must serve it already.
+        """
+        if self.load_adapters and self.adapters.get(name) != path:
+            self._load(name, path)
         self.adapters[name] = path
+
+    def _load(self, name: str, path: str) -> None:
+        """POST /load_lora_adapter; 'already loaded' is fine, anything else stops the run with the fix."""
+        import httpx
+
+        url = f"{self.base_url.rstrip('/')}/load_lora_adapter"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        try:
+            answer = httpx.post(url, json={"lora_name": name, "lora_path": path}, headers=headers, timeout=300)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"could not load adapter {name!r} at {url}: {type(exc).__name__}: {exc}") from None
+        if answer.status_code == 400 and "already been loaded" in answer.text:
+            return
+        if answer.status_code != 200:
+            raise RuntimeError(
+                f"could not load adapter {name!r} from {path} at {url}: HTTP {answer.status_code} "
+                f"{' '.join(answer.text.split())[:200]} (start vLLM with --enable-lora and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and make the folder visible to it)"
+            )
 
     def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
         """Complete every request; failures come back as completions with an error."""
