@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return _registry(args)
     if args.command in ("candidates", "diff", "selections", "inspect", "export"):
         try:
-            return _read(args) if args.command in ("inspect", "export") else _lineage(args)
+            return _read(args)
         except BrokenPipeError:  # piped into head: the reader has what it wanted
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 0
@@ -98,8 +98,12 @@ _DEPLOY_HELP = (
 )
 
 
-def _lineage(args: argparse.Namespace) -> int:
-    """Print a run's ledger or a config diff; exit 2 with one line when the run or a config is unknown."""
+def _read(args: argparse.Namespace) -> int:
+    """Print what a run left (ledger, diff, selections, overview) or export it, from a snapshot of the store.
+
+    Exit 2 with one line when the store, the run or a config is unknown, or the store cannot be read.
+    """
+    from autoevolve.inspect import format_inspect
     from autoevolve.lineage import (
         LineageError,
         config_diff,
@@ -119,26 +123,9 @@ def _lineage(args: argparse.Namespace) -> int:
                 print(format_candidates(run_candidates(store, args.run, args.round)))
             elif args.command == "selections":
                 print(format_selections(run_selections(store, args.run), items=args.items))
-            else:
+            elif args.command == "diff":
                 print(config_diff(store, args.run, args.a, args.b))
-    except (LineageError, StoreBusy, StoreTooNew) as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def _read(args: argparse.Namespace) -> int:
-    """Print a run's overview or export it to Parquet from a read-only view; exit 2 with one line if unknown."""
-    from autoevolve.inspect import format_inspect
-    from autoevolve.lineage import LineageError
-    from autoevolve.store import Store, StoreBusy, StoreTooNew
-
-    if not Path(args.store).is_file():
-        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
-        return 2
-    try:
-        with Store.snapshot(args.store) as store:
-            if args.command == "inspect":
+            elif args.command == "inspect":
                 print(format_inspect(store, args.run))
             else:
                 for table, rows in store.export_run(args.run, args.dir).items():
