@@ -46,6 +46,7 @@ def start(config: Path, kill_after: str | None = None, count: int = 1) -> tuple[
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the kill takes Prefect's ephemeral API server down too
     )
     assert proc.stdout is not None
     seen, buffer = 0, b""
@@ -54,7 +55,7 @@ def start(config: Path, kill_after: str | None = None, count: int = 1) -> tuple[
         *lines, buffer = re.split(rb"[\r\n]", buffer)
         seen += sum(kill_after is not None and kill_after.encode() in line for line in lines)
         if kill_after and seen >= count and proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole machine's view of a crash: every process at once
     return proc.wait(), time.perf_counter() - started
 
 
@@ -97,15 +98,18 @@ def main() -> None:
     """Run A, then B with two kills, and print the comparison."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/autoevolve-resume-bench"))
+    parser.add_argument("--keep-a", action="store_true", help="reuse a finished uninterrupted run in the workdir")
     args = parser.parse_args()
-    shutil.rmtree(args.workdir, ignore_errors=True)
+    keep = args.keep_a and (args.workdir / "a" / "runs" / "resume" / "report.json").exists()
+    for name in ("b",) if keep else ("a", "b"):
+        shutil.rmtree(args.workdir / name, ignore_errors=True)
     configs = {}
     for name in ("a", "b"):
-        (args.workdir / name).mkdir(parents=True)
+        (args.workdir / name).mkdir(parents=True, exist_ok=True)
         configs[name] = args.workdir / name / "run.yaml"
         configs[name].write_text(CONFIG.format(root=ROOT, dir=args.workdir / name))
 
-    code, seconds_a = start(configs["a"])
+    code, seconds_a = (0, float("nan")) if keep else start(configs["a"])
     assert code == 0, "the uninterrupted run failed"
     steps = []
     for kill_after, count in ((" evolve ", 4), (" train (loss", 3), (None, 0)):

@@ -45,7 +45,12 @@ def _run(args: list[str], kill_after: str | None = None, count: int = 1) -> tupl
 
     env = os.environ | {"PREFECT_API_URL": str(get_current_settings().api.url), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, killed as a whole like a crashed machine's
     )
     seen: list[str] = []
 
@@ -57,7 +62,7 @@ def _run(args: list[str], kill_after: str | None = None, count: int = 1) -> tupl
             *lines, buffer = re.split(rb"[\r\n]", buffer)
             seen.extend(line.decode(errors="replace") for line in lines)
             if kill_after and sum(kill_after in line for line in seen) >= count and proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
 
     thread = threading.Thread(target=watch)
     thread.start()
