@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autoevolve.store.base import Connection
+from autoevolve.store.snapshot import sql_path
 
 # table folder -> the run's rows of it. Every query has a ``round`` column (the partition key) and one ``?``
 # for the run id; JSON columns stay JSON text, so a reader decodes them with its own JSON functions.
@@ -26,11 +27,6 @@ EXPORTS: dict[str, str] = {
     "WHERE run_id = ? ORDER BY round, split",
     "adapters": "SELECT * FROM adapters WHERE run_id = ? ORDER BY name, version",
 }
-
-
-def _literal(path: Path) -> str:
-    """A path as a SQL string literal (COPY takes no parameter for its target)."""
-    return "'" + str(path).replace("'", "''") + "'"
 
 
 class ExportTables(Connection):
@@ -50,6 +46,6 @@ class ExportTables(Connection):
         counts = {}
         for table, query in EXPORTS.items():
             options = "FORMAT parquet, PARTITION_BY (round), OVERWRITE_OR_IGNORE"
-            row = self._one(f"COPY ({query}) TO {_literal(out / table)} ({options})", [run_id])
+            row = self._one(f"COPY ({query}) TO {sql_path(out / table)} ({options})", [run_id])
             counts[table] = int(row[0]) if row else 0  # COPY answers with the number of rows it wrote
         return counts

@@ -28,7 +28,7 @@ def is_lock_error(exc: Exception) -> bool:
     return held_here or (isinstance(exc, duckdb.IOException) and "lock" in str(exc).lower())
 
 
-def _sql_path(path: Path | str) -> str:
+def sql_path(path: Path | str) -> str:
     """A path as a SQL string literal."""
     return "'" + str(path).replace("'", "''") + "'"
 
@@ -39,7 +39,7 @@ def _copy_into(con: duckdb.DuckDBPyConnection, source: str, target: Path) -> Non
     DuckDB copies through the connection that holds the source: opening the file a second time (a plain file
     copy) would drop this process's lock on it, since POSIX file locks belong to the process, not the handle.
     """
-    con.execute(f"ATTACH {_sql_path(target)} AS autoevolve_copy")
+    con.execute(f"ATTACH {sql_path(target)} AS autoevolve_copy")
     try:
         con.execute(f'COPY FROM DATABASE "{source}" TO autoevolve_copy')
     finally:
@@ -71,7 +71,7 @@ def private_copy(path: Path, wait_s: float = 10.0) -> Path:
     while True:
         try:
             with duckdb.connect() as con:
-                con.execute(f"ATTACH {_sql_path(path)} AS autoevolve_source (READ_ONLY)")
+                con.execute(f"ATTACH {sql_path(path)} AS autoevolve_source (READ_ONLY)")
                 _copy_into(con, "autoevolve_source", copy)
             return copy
         except duckdb.Error as exc:
