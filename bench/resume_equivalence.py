@@ -67,13 +67,16 @@ def state(folder: Path) -> dict:
     from autoevolve.store import Store
 
     with Store.snapshot(folder / "store.duckdb") as store:
-        rows = {t.key(): t.model_dump(exclude={"latency_s"}) for t in store.trajectories("resume")}
+        rows = {t.key: t.model_dump(exclude={"latency_s"}) for t in store.trajectories("resume")}
         ledger = [c.model_dump() for c in store.candidates("resume")]
         selections = [s.id for s in store.selections("resume")]
         adapters = [(a.version, a.status) for a in store.adapters()]
     report = json.loads((folder / "runs" / "resume" / "report.json").read_text())
     report.pop("seconds")
     report["evolve"]["budget"].pop("seconds")
+    report.pop("adapter_path", None)  # under each run's own folder
+    if report.get("train"):
+        report["train"] = {k: v for k, v in report["train"].items() if k not in ("path", "seconds")}
     weights = {}
     for path in sorted((folder / "runs" / "resume" / "adapters").glob("*/adapter_model.safetensors")):
         weights[path.parent.name] = {k: v.to(torch.float64) for k, v in load_file(path).items()}
