@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from autoevolve.config import load_config
@@ -206,8 +207,14 @@ def test_a_tag_concurrency_limit_holds_a_slot_while_a_policy_stage_runs(
     seen, run_stage = [], loop.run_stage
 
     def watched(r, stage, *args):  # noqa: ANN001, ANN202
+        # The server records a slot shortly after the task run enters Running: look for up to 5 s before the stage.
         with get_client(sync_client=True) as client:
-            seen.append((stage, client.read_global_concurrency_limit_by_name(f"tag:{POLICY_TAG}").active_slots))
+            for _ in range(50):
+                slots = client.read_global_concurrency_limit_by_name(f"tag:{POLICY_TAG}").active_slots
+                if slots:
+                    break
+                time.sleep(0.1)
+        seen.append((stage, slots))
         return run_stage(r, stage, *args)
 
     monkeypatch.setattr(loop, "run_stage", watched)

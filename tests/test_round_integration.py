@@ -88,6 +88,7 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
         "select",
         "distill",
         "gate",
+        "decide",
         "report",
     }
     assert on_disk["gate"]["guard"]["n"] == 4 and "; guard (life tiers 2, 4 tasks): " in adapter.reason
