@@ -220,6 +220,7 @@ def test_a_tag_concurrency_limit_holds_a_slot_while_a_policy_stage_runs(
     monkeypatch.setattr(loop, "run_stage", watched)
     with get_client(sync_client=True) as client:
         client.create_concurrency_limit(tag=POLICY_TAG, concurrency_limit=1)  # `prefect concurrency-limit create`
+    time.sleep(5.5)  # a process that ran tagged tasks before caches "no limit for this tag" for 5 s
     try:
         round_flow(load_config(_tiny_config(tmp_path, tiny_model_dir)))
         with get_client(sync_client=True) as client:
