@@ -24,6 +24,7 @@ from autoevolve import loop
 from autoevolve.config import load_config
 from autoevolve.records import Candidate, Trajectory
 from autoevolve.store import TRAJ_KEY, Store
+from tests.test_select import NoCalls
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,7 @@ def _prepared_store(config_path: Path) -> None:
     (reward 0); stage 2 runs for real on them (it reads stored rollouts back, it generates nothing).
     """
     config = load_config(config_path)
-    r = loop.open_round(config, policy=_NoCalls())
+    r = loop.open_round(config, policy=NoCalls())
     try:
         env, original = r.bench.env, r.original
         evolved = original.model_copy(
@@ -182,16 +183,6 @@ def _prepared_store(config_path: Path) -> None:
         r.bench.store.close()
 
 
-class _NoCalls:
-    """A policy for preparing a store: every rollout is already stored, so it is never asked for one."""
-
-    def generate(self, requests, adapter=None):  # noqa: ANN001, ANN201
-        raise AssertionError("a stored rollout was generated again")
-
-    def add_adapter(self, name: str, path: str) -> None:
-        pass
-
-
 def test_distillation_killed_mid_training_resumes_to_the_same_adapter(
     tmp_path: Path, prefect_harness, tiny_model_dir
 ) -> None:
@@ -232,7 +223,7 @@ def test_distillation_killed_mid_training_resumes_to_the_same_adapter(
 @pytest.mark.parametrize("stage", ["select", "gate"])
 def test_a_stage_run_before_its_inputs_names_what_is_missing(tmp_path: Path, tiny_model_dir, stage: str) -> None:
     config = load_config(_config(tmp_path, tiny_model_dir, "early"))
-    r = loop.open_round(config, policy=_NoCalls(), round=0)
+    r = loop.open_round(config, policy=NoCalls(), round=0)
     try:
         with pytest.raises(LookupError, match=r"run resume round 0: stage '(evolve|distill)' has not finished"):
             loop.run_stage(r, stage)
