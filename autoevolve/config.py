@@ -74,6 +74,11 @@ class ModelSettings(Section):
     name: str = Field(default="smollm2-135m-instruct", description="Embedded default, an HF model id, or a path.")
     backend: Literal["local", "openai"] = "local"
     batch_size: int = Field(default=64, gt=0, description="Requests per generate call (local backend).")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="Weights of the local backend's rollouts. auto: bfloat16 on a CUDA device or a CPU with native "
+        "bf16 arithmetic (AVX512-BF16, AMX), float32 elsewhere. Training keeps float32 master weights either way.",
+    )
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
 
 

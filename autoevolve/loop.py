@@ -86,7 +86,7 @@ def make_policy(config: RunConfig) -> Policy:
         )
     from autoevolve.policy.local import LocalPolicy
 
-    return LocalPolicy(m.name, batch_size=m.batch_size)
+    return LocalPolicy(m.name, batch_size=m.batch_size, dtype=m.dtype)
 
 
 def next_round(store: Store, run_id: str) -> int:

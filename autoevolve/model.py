@@ -88,12 +88,28 @@ def load(model: str, dtype: str = "auto"):  # noqa: ANN201 - transformers types 
 
 
 def _dtype(dtype: str):  # noqa: ANN202
-    """fp32 on CPU, bf16 on a CUDA device, unless named."""
+    """bf16 where the hardware computes it natively (see ``native_bf16``), else fp32, unless named."""
     import torch
 
     if dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+        return torch.bfloat16 if native_bf16() else torch.float32
     return getattr(torch, dtype)
+
+
+def native_bf16() -> bool:
+    """Whether bf16 matrix products run natively here: a CUDA device, or a CPU with AVX512-BF16 or AMX.
+
+    Elsewhere bf16 is emulated on CPU and slower than fp32, so "auto" settings stay fp32 there.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux: no cheap way to tell, so stay with fp32
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
 def base_model_id(model: str) -> str:

@@ -7,6 +7,7 @@ the reason; it never aborts the batch.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from autoevolve.envs import Environment, Episode
@@ -51,11 +52,12 @@ def rollout(
         for t in tasks
         for s in range(samples)
     ]
+    cache_key = uuid.uuid4().hex  # this batch's episodes may reuse each other's computed prompts, nothing else
     for step in range(hcp.scaffold.max_steps):
         active = [r for r in runs if not r.done]
         if not active:
             break
-        requests = [_request(hcp, r, seed + step) for r in active]
+        requests = [_request(hcp, r, seed + step, cache_key) for r in active]
         completions = policy.generate(requests, adapter or None)
         for r, completion in zip(active, completions, strict=True):
             _advance(r, completion, hcp)
@@ -72,7 +74,7 @@ def score_reply(env: Environment, hcp: HCPConfig, task: Task, text: str) -> floa
     return 0.0 if error else episode.score(messages)[0]
 
 
-def _request(hcp: HCPConfig, run: _Run, seed: int) -> ChatRequest:
+def _request(hcp: HCPConfig, run: _Run, seed: int, cache_key: str) -> ChatRequest:
     """The next model call of an episode under the config."""
     messages, tools = hcp.render(run.task, run.messages)
     s = hcp.sampling
@@ -84,6 +86,7 @@ def _request(hcp: HCPConfig, run: _Run, seed: int) -> ChatRequest:
         top_p=s.top_p,
         max_new_tokens=s.max_new_tokens,
         seed=seed * 1000 + run.sample,
+        cache_key=cache_key,
     )
 
 

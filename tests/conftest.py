@@ -66,7 +66,7 @@ def tiny_policy(tiny_model_dir):
     """LocalPolicy over the tiny random model (it writes garbage, fast)."""
     from autoevolve.policy.local import LocalPolicy
 
-    return LocalPolicy(str(tiny_model_dir), batch_size=8)
+    return LocalPolicy(str(tiny_model_dir), batch_size=8, dtype="float32")
 
 
 @pytest.fixture(scope="session")

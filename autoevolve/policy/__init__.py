@@ -20,6 +20,11 @@ class ChatRequest(BaseModel):
     top_p: float = 1.0
     max_new_tokens: int = Field(default=96, gt=0)
     seed: int = 0
+    cache_key: str | None = Field(
+        default=None,
+        description="Requests with the same key may start from prompt tokens an earlier request with that key "
+        "computed (a local policy's KV store); never sent to a server. The rollout engine keys each batch of episodes.",
+    )
 
 
 class Completion(BaseModel):

@@ -1,4 +1,8 @@
-"""LocalPolicy: transformers + PEFT in this process, batched generation, many named LoRAs on one base."""
+"""LocalPolicy: transformers + PEFT in this process, batched generation, many named LoRAs on one base.
+
+Llama-shaped models decode with ``autoevolve.policy.decode`` (shared-prefix cache, rows leave the batch when they
+end); any other architecture, or ``engine="hf"``, uses ``model.generate``.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +10,29 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from autoevolve import model as model_loader
 from autoevolve.policy import ChatRequest, Completion
+from autoevolve.policy.decode import Decoder, common_prefix, supports
+
+Engine = Literal["auto", "hf"]
 
 
 class LocalPolicy:
     """Serves a base model and named LoRA adapters from one copy of the base weights."""
 
-    def __init__(self, model: str = model_loader.EMBEDDED, batch_size: int = 16, dtype: str = "auto") -> None:
+    def __init__(
+        self, model: str = model_loader.EMBEDDED, batch_size: int = 16, dtype: str = "auto", engine: Engine = "auto"
+    ) -> None:
         self.model_name = model
         self.base, self.tokenizer = model_loader.load(model, dtype)
         self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
         self.batch_size = batch_size
         self.adapters: dict[str, str] = {}
+        self.decoder = Decoder(self.base, self._stop_ids) if engine == "auto" and supports(self.base) else None
 
     def add_adapter(self, name: str, path: str) -> None:
         """Load a PEFT adapter folder under a name (a name already loaded is replaced)."""
@@ -34,6 +44,8 @@ class LocalPolicy:
             if name in self.adapters:
                 self.lm.delete_adapter(name)
             self.lm.load_adapter(path, adapter_name=name)
+        if self.decoder is not None:
+            self.decoder.forget(name)  # cached prefixes of a replaced adapter are stale
         self.lm.eval()
         self.adapters[name] = path
 
@@ -48,15 +60,16 @@ class LocalPolicy:
         texts = [self._template(r) for r in requests]
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            groups[(r.temperature, r.top_p, r.max_new_tokens)].append(i)
+            groups[(r.temperature, r.top_p, r.max_new_tokens, r.cache_key)].append(i)
         out: list[Completion | None] = [None] * len(requests)
-        for (temperature, top_p, max_new), idx in groups.items():
+        for (temperature, top_p, max_new, cache_key), idx in groups.items():
             # Sorting by text puts prompts that share demos side by side, so each batch shares a longer prefix.
             idx.sort(key=lambda i: texts[i])
             for start in range(0, len(idx), self.batch_size):
                 chunk = idx[start : start + self.batch_size]
                 seed = requests[chunk[0]].seed
-                results = self._batch([texts[i] for i in chunk], adapter, temperature, top_p, max_new, seed)
+                batch = [texts[i] for i in chunk]
+                results = self._batch(batch, adapter, temperature, top_p, max_new, seed, cache_key)
                 for i, result in zip(chunk, results, strict=True):
                     out[i] = result
         return [c for c in out if c is not None]
@@ -73,7 +86,14 @@ class LocalPolicy:
 
     @torch.inference_mode()
     def _batch(
-        self, texts: list[str], adapter: str | None, temperature: float, top_p: float, max_new: int, seed: int
+        self,
+        texts: list[str],
+        adapter: str | None,
+        temperature: float,
+        top_p: float,
+        max_new: int,
+        seed: int,
+        cache_key: str | None = None,
     ) -> list[Completion]:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
@@ -86,12 +106,23 @@ class LocalPolicy:
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             with self._adapter(adapter):
-                new = self._generate_shared_prefix(ids, kwargs)
+                if self.decoder is not None and self.decoder.serves(adapter):
+                    new = self.decoder.generate(
+                        ids,
+                        adapter=adapter,
+                        max_new=max_new,
+                        temperature=temperature,
+                        top_p=top_p,
+                        seed=seed,
+                        cache_key=cache_key,
+                    )
+                else:
+                    new = self._generate_shared_prefix(ids, kwargs).tolist()
         except Exception as exc:  # noqa: BLE001 - a broken batch becomes failed completions
             return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
         elapsed = time.perf_counter() - started
         results = []
-        for row, prompt in zip(new.tolist(), ids, strict=True):
+        for row, prompt in zip(new, ids, strict=True):
             n = next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
             results.append(Completion(text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed))
@@ -105,7 +136,7 @@ class LocalPolicy:
         the pads and positions follow the mask, so outputs equal those of plain padded generation.
         """
         device = self.base.device
-        shared = _common_prefix(ids)
+        shared = common_prefix(ids)
         shared = min(shared, min(len(x) for x in ids) - 1)  # every row keeps a token to feed
         width = max(len(x) for x in ids) - shared
         pad = self.tokenizer.pad_token_id
@@ -142,12 +173,3 @@ class LocalPolicy:
         eos = self.base.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         return {i for i in ids if i is not None} | ({self.tokenizer.pad_token_id} - {None})
-
-
-def _common_prefix(rows: list[list[int]]) -> int:
-    """Length of the token prefix every row shares."""
-    first, n = rows[0], min(len(r) for r in rows)
-    for i in range(n):
-        if any(r[i] != first[i] for r in rows):
-            return i
-    return n

@@ -1,0 +1,102 @@
+"""A decoder layer's projections as the decoder computes them: fused base weights and each adapter's LoRA factors.
+
+The query, key and value projections read the same input, and so do the MLP's gate and up projections: each group
+is one matrix product with the weights stacked, instead of three or two. A LoRA adapter adds ``B (A x) * scaling``
+to each projection; a group's A matrices are stacked too and its B matrices placed block-diagonally, so the
+adapter costs two small products per group, in the adapter's own dtype as PEFT computes it. Only plain LoRA on
+``nn.Linear`` layers is read this way; a layer with anything else (DoRA, a LoRA bias, a merged adapter) makes
+``Unsupported`` the answer and the decoder falls back to calling the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+          "down": ("down_proj",)}  # fmt: skip
+
+
+class Unsupported(ValueError):
+    """A projection this module cannot read (the decoder calls the modules instead)."""
+
+
+@dataclass
+class Projection:
+    """One group's base weight [out, in] (and bias), plus an adapter's stacked A [rank, in] and scaled B [out, rank]."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    a: torch.Tensor | None = None
+    b: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's outputs, concatenated in the group's order."""
+        y = F.linear(x, self.weight, self.bias)
+        if self.a is None:
+            return y
+        delta = F.linear(F.linear(x.to(self.a.dtype), self.a), self.b)
+        return (y + delta).to(y.dtype)
+
+    def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> Projection:
+        """The same base weight with an adapter's factors."""
+        return Projection(self.weight, self.bias, a, b)
+
+
+def base_projections(layer: Any) -> dict[str, Projection]:
+    """A layer's four projection groups with the base weights (stacked once; the adapters share them)."""
+    out = {}
+    for group, names in GROUPS.items():
+        modules = [_module(layer, name) for name in names]
+        bases = [getattr(m, "base_layer", m) for m in modules]
+        if any(not isinstance(b, torch.nn.Linear) for b in bases):
+            raise Unsupported(f"{group}: not nn.Linear layers")
+        weight = bases[0].weight if len(bases) == 1 else torch.cat([b.weight for b in bases])
+        biases = [b.bias for b in bases]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b if b is not None else torch.zeros(w.weight.shape[0], dtype=w.weight.dtype)
+                              for b, w in zip(biases, bases, strict=True)])  # fmt: skip
+        out[group] = Projection(weight.detach(), bias.detach() if bias is not None else None)
+    return out
+
+
+def adapter_projections(layer: Any, base: dict[str, Projection], adapter: str) -> dict[str, Projection]:
+    """The base groups with one adapter's LoRA factors stacked (groups the adapter does not touch stay as they are)."""
+    out = {}
+    for group, names in GROUPS.items():
+        factors = [_lora(_module(layer, name), adapter) for name in names]
+        if all(f is None for f in factors):
+            out[group] = base[group]
+            continue
+        sizes = [m.out_features for m in (_module(layer, name) for name in names)]
+        dtype = next(f[0].dtype for f in factors if f is not None)
+        a_parts = [f[0] for f in factors if f is not None]
+        b = torch.zeros(sum(sizes), sum(p.shape[0] for p in a_parts), dtype=dtype)
+        row = col = 0
+        for size, f in zip(sizes, factors, strict=True):
+            if f is not None:
+                b[row : row + size, col : col + f[0].shape[0]] = f[1] * f[2]
+                col += f[0].shape[0]
+            row += size
+        out[group] = base[group].with_lora(torch.cat(a_parts).detach(), b)
+    return out
+
+
+def _module(layer: Any, name: str) -> Any:
+    """A projection module of a decoder layer by name."""
+    return getattr(layer.self_attn if name in GROUPS["qkv"] + GROUPS["o"] else layer.mlp, name)
+
+
+def _lora(module: Any, adapter: str) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """(A, B, scaling) of a plain LoRA adapter on a PEFT layer; None where the adapter does not touch it."""
+    if adapter not in getattr(module, "lora_A", {}):
+        return None
+    if adapter in getattr(module, "lora_variant", {}) or getattr(module, "fan_in_fan_out", False):
+        raise Unsupported(f"adapter {adapter!r} is not plain LoRA (DoRA or another variant)")
+    if module.lora_B[adapter].bias is not None or getattr(module, "merged", False):
+        raise Unsupported(f"adapter {adapter!r} has a LoRA bias or is merged into the weights")
+    return module.lora_A[adapter].weight.detach(), module.lora_B[adapter].weight.detach(), module.scaling[adapter]

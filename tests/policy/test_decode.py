@@ -1,0 +1,151 @@
+"""The decoder against transformers' generate on a tiny random model (fp32): the same tokens, less work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoevolve.envs.life import LifeEnv
+from autoevolve.hcp import HCPConfig
+from autoevolve.policy import ChatRequest
+from autoevolve.policy.decode import Decoder, supports
+from autoevolve.policy.local import LocalPolicy
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir):  # noqa: ANN001, ANN201
+    """The tiny model twice: through the decoder and through model.generate."""
+    return LocalPolicy(str(tiny_model_dir), 8, "float32"), LocalPolicy(str(tiny_model_dir), 8, "float32", engine="hf")
+
+
+def _requests(n: int, tokens: int, env: LifeEnv | None = None) -> list[ChatRequest]:
+    hcp = HCPConfig.from_yaml("prompts/life.yaml")
+    tasks = (env or LifeEnv()).tasks("dev")[:n]
+    return [ChatRequest(messages=hcp.render(t)[0], max_new_tokens=tokens) for t in tasks]
+
+
+def _same_or_tied(policy: LocalPolicy, request: ChatRequest, a: str, b: str) -> bool:
+    """Equal texts, or the first token where they part is an exact tie of the reference logits (either is argmax)."""
+    if a == b:
+        return True
+    tok = policy.tokenizer
+    x, y = tok(a, add_special_tokens=False)["input_ids"], tok(b, add_special_tokens=False)["input_ids"]
+    k = next(i for i in range(min(len(x), len(y))) if x[i] != y[i])
+    prompt = tok(policy._template(request), add_special_tokens=False)["input_ids"]  # noqa: SLF001
+    with torch.inference_mode():
+        logits = policy.base(torch.tensor([prompt + x[:k]])).logits[0, -1]
+    return abs(float(logits[x[k]] - logits[y[k]])) < 1e-4
+
+
+def test_greedy_tokens_equal_generate(pair) -> None:  # noqa: ANN001
+    fast, reference = pair
+    assert fast.decoder is not None and reference.decoder is None
+    requests = _requests(8, 24)
+    mine, theirs = fast.generate(requests), reference.generate(requests)
+    assert all(_same_or_tied(reference, r, a.text, b.text) for r, a, b in zip(requests, mine, theirs, strict=True))
+    assert sum(a.text == b.text for a, b in zip(mine, theirs, strict=True)) >= 6
+    assert [c.completion_tokens for c in mine] == [24] * 8  # a random model never stops early
+    assert [c.prompt_tokens for c in mine] == [c.prompt_tokens for c in theirs]
+
+
+def test_the_shared_prefix_is_computed_once_and_ended_rows_leave(pair) -> None:  # noqa: ANN001
+    fast, _ = pair
+    decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(4, 8)]  # noqa: SLF001
+    shared = next(i for i in range(len(rows[0])) if any(r[i] != rows[0][i] for r in rows))
+    decoder.stop_ids = set()
+    out = decoder.generate(rows, adapter=None, max_new=8)
+    assert decoder.stats.prefill_tokens == shared + sum(len(r) - shared for r in rows)  # the prefix once
+    assert decoder.stats.decode_steps == 7 and [len(o) for o in out] == [8] * 4
+    again = decoder.generate(rows, adapter=None, max_new=8)
+    assert again == out and decoder.stats.reused_tokens == shared  # the prefix came from the cache
+    stop = out[0][2]
+    decoder.stop_ids = {stop}  # row 0 ends before its third token; each row ends at its first stop token
+    ended = decoder.generate(rows, adapter=None, max_new=8)
+    assert ended == [o[: o.index(stop)] if stop in o else o for o in out] and len(ended[0]) == 2
+
+
+def test_a_later_call_with_the_same_key_starts_from_the_stored_rows(pair) -> None:  # noqa: ANN001
+    fast, _ = pair
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(3, 4)]  # noqa: SLF001
+    decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
+    decoder.stop_ids = set()
+    first = decoder.generate(rows, adapter=None, max_new=4, cache_key="episode")
+    # The next call: each prompt plus its reply and more, as an episode's next request would be.
+    longer = [r + out + [28, 29, 30] for r, out in zip(rows, first, strict=True)]
+    mark = decoder.stats.reused_tokens
+    again = decoder.generate(longer, adapter=None, max_new=4, cache_key="episode")
+    assert decoder.stats.reused_tokens - mark >= sum(len(r) for r in rows) - 2 * len(rows[0])  # own prompts reused
+    fresh = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
+    fresh.stop_ids = set()
+    assert again == fresh.generate(longer, adapter=None, max_new=4)  # the same tokens as computing everything
+    mark = decoder.stats.reused_tokens
+    decoder.generate(longer, adapter=None, max_new=4, cache_key="another batch")
+    assert decoder.stats.reused_tokens - mark < len(rows[0])  # another key starts from the shared prefix only
+
+
+def test_an_adapter_computed_by_the_decoder_matches_peft(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import load
+
+    lm, _ = load(str(tiny_model_dir), "float32")
+    targets = ["q_proj", "v_proj", "o_proj", "gate_proj", "down_proj"]  # some groups partly adapted
+    get_peft_model(lm, LoraConfig(r=4, target_modules=targets, init_lora_weights=False)).save_pretrained(tmp_path)
+    fast, reference = pair
+    for policy in pair:
+        policy.add_adapter("a", str(tmp_path))
+    requests = _requests(4, 12)
+    mine, theirs = fast.generate(requests, "a"), reference.generate(requests, "a")
+    assert all(_same_or_tied(reference, r, a.text, b.text) for r, a, b in zip(requests, mine, theirs, strict=True))
+    assert [c.text for c in mine] != [c.text for c in fast.generate(requests)]  # the adapter changes the output
+
+
+def test_sampling_is_seeded() -> None:
+    from autoevolve.policy.decode import _pick
+
+    logits = torch.randn(4, 50)
+    draw = [_pick(logits, 1.0, 0.9, torch.Generator().manual_seed(s)).tolist() for s in (1, 1, 2)]
+    assert draw[0] == draw[1] and draw[0] != draw[2]
+    nucleus = _pick(torch.tensor([[5.0, 4.9, -20.0, -20.0]]).repeat(64, 1), 1.0, 0.5, torch.Generator())
+    assert set(nucleus.tolist()) <= {0, 1}  # top-p keeps the two likely tokens only
+
+
+def test_other_architectures_use_generate(tmp_path, tokenizer) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tokenizer))).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    policy = LocalPolicy(str(tmp_path), 4, "float32")
+    assert not supports(policy.base) and policy.decoder is None
+    out = policy.generate(_requests(2, 5))
+    assert [c.completion_tokens for c in out] == [5, 5] and not any(c.error for c in out)
+
+
+def test_guessed_tokens_are_kept_only_where_the_model_agrees(pair, monkeypatch) -> None:  # noqa: ANN001
+    import autoevolve.policy.decode as decode
+
+    fast, _ = pair
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(3, 4)]  # noqa: SLF001
+    decoder = Decoder(fast.base, set())
+    monkeypatch.setattr(decode, "GUESS_BUDGET", 0)  # one token per step
+    plain = decoder.generate(rows, adapter=None, max_new=12)
+    steps = decoder.stats.decode_steps
+    monkeypatch.setattr(decode, "GUESS_BUDGET", 40)
+
+    def guesses(right: bool):  # noqa: ANN202
+        def guess(self, outs: list[list[int]], max_new: int) -> list[list[int]]:  # noqa: ANN001
+            found = []
+            for context, prompt, out in zip(self.context, self.prompt, outs, strict=True):
+                row = next(i for i, r in enumerate(rows) if context[:prompt] == r)
+                found.append(plain[row][len(out) : len(out) + 3] if right else [7, 8, 9])
+            return found
+
+        return guess
+
+    for right, fewer in ((True, True), (False, False)):
+        monkeypatch.setattr(decode._Guesses, "guess", guesses(right))  # noqa: SLF001
+        mark = (decoder.stats.decode_steps, decoder.stats.guessed_tokens)
+        assert decoder.generate(rows, adapter=None, max_new=12) == plain
+        taken, guessed = decoder.stats.decode_steps - mark[0], decoder.stats.guessed_tokens - mark[1]
+        assert (taken <= steps // 3 + 1 and guessed >= 2 * steps) if fewer else (taken == steps and guessed == 0)
