@@ -75,8 +75,10 @@ def tokenize_with_assistant_mask(
             )
         stop = len(before) + _turn_end(through[len(before) :], end_ids)
         mask[len(before) : stop] = [1] * (stop - len(before))
-    # Keep the start: the request and the first turns are what the model must learn to answer.
-    return {"input_ids": full[:max_length], "assistant_masks": mask[:max_length]}
+    # Keep the start: the request and the first turns are what the model must learn to answer. Nothing after the
+    # last assistant token carries loss, so it is not trained on.
+    end = min(max_length, max((i + 1 for i, m in enumerate(mask) if m), default=len(full)))
+    return {"input_ids": full[:end], "assistant_masks": mask[:end]}
 
 
 def build_dataset(examples: list[list[dict]], tokenizer: Any, tools: list[dict] | None = None, max_length: int = 2048):  # noqa: ANN201 - datasets is heavy to import at module level

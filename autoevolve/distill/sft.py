@@ -11,12 +11,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autoevolve.distill.compact import compact_sft_trainer
 from autoevolve.distill.dataset import build_dataset
-from autoevolve.model import base_model_id, load
+from autoevolve.model import base_model_id, load, native_bf16
 from autoevolve.workbench import print_progress
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -40,6 +41,16 @@ class SFTSettings(BaseModel):
         default_factory=lambda: list(DEFAULT_TARGETS), description="Linear layers that get LoRA (never lm_head)."
     )
     max_length: int = Field(default=1024, ge=16, description="Tokens kept per example (its start is kept).")
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="Matrix products in bf16 with fp32 master weights (mixed precision), or all in fp32. auto: bf16 "
+        "on a CUDA device or a CPU with native bf16 (AVX512-BF16, AMX), fp32 elsewhere.",
+    )
+    share_prefix: bool = Field(
+        default=True,
+        description="SFT: run a batch's common prompt prefix through the model once for all its rows (the loss and "
+        "gradients are unchanged; only the compute shrinks).",
+    )
     seed: int = Field(default=0, description="Seed for adapter init, data order and dropout.")
 
 
@@ -55,6 +66,8 @@ class TrainResult(BaseModel):
     last_loss: float = Field(description="Loss logged at the last step.")
     seconds: float = Field(description="Wall time of the run, loading and saving included.")
     examples: int = Field(description="Examples trained on (those with an assistant token within max_length).")
+    tokens: int = Field(default=0, description="Tokens trained on over all epochs, padding excluded.")
+    train_seconds: float = Field(default=0.0, description="Seconds in the training loop (no loading or saving).")
     first_reward: float | None = Field(default=None, description="GRPO: mean reward of the first step's replies.")
     last_reward: float | None = Field(default=None, description="GRPO: mean reward of the last step's replies.")
 
@@ -73,12 +86,12 @@ def train_sft(
     With ``init_adapter`` training continues from that adapter and its own rank, alpha and targets (the LoRA fields
     of ``settings`` are ignored). ``tools`` is the native tool list for the chat template (see ``native_tools``).
     """
-    from trl import SFTTrainer
 
     def build(model: Any, tokenizer: Any, output_dir: str, cuda: bool) -> tuple[Any, int]:
         tokenizer.padding_side = "right"  # TRL pads itself on the right; keep the tokenizer consistent with it
         dataset = build_dataset(examples, tokenizer, tools=tools, max_length=settings.max_length)
-        trainer = SFTTrainer(
+        trainer = compact_sft_trainer()(
+            share_prefix=settings.share_prefix,
             model=model,
             args=_config(settings, output_dir, cuda),
             train_dataset=dataset,
@@ -103,7 +116,9 @@ def fit(
 
     start = time.perf_counter()
     set_seed(settings.seed)  # before the adapter is created: its A matrices are drawn at random
-    model, tokenizer = load(model_name)  # fresh copy: the serving policy's weights are never trained
+    # A fresh copy (the serving policy's weights are never trained); frozen base weights in bf16 under mixed
+    # precision, as on a GPU worker; the LoRA weights stay fp32 (PEFT upcasts adapters of a bf16 base).
+    model, tokenizer = load(model_name, "bfloat16" if mixed_bf16(settings) else "float32")
     model = _with_adapter(model, settings, init_adapter)
     with tempfile.TemporaryDirectory(prefix="autoevolve-train-") as tmp:
         trainer, examples = build(model, tokenizer, tmp, torch.cuda.is_available())
@@ -138,6 +153,11 @@ def _config(settings: SFTSettings, output_dir: str, cuda: bool) -> Any:
     return SFTConfig(**trainer_args(settings, output_dir, cuda), weight_decay=0.0, activation_checkpointing=False)
 
 
+def mixed_bf16(settings: SFTSettings) -> bool:
+    """Whether a run trains in bf16 mixed precision (``settings.precision``; auto: where bf16 is native)."""
+    return settings.precision == "bfloat16" or (settings.precision == "auto" and native_bf16())
+
+
 def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str, Any]:
     """Arguments every trainer shares: no checkpoints, no reporting, a log line per step, seeded, device-aware."""
     return {
@@ -150,7 +170,7 @@ def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str
         "lr_scheduler_type": "linear",
         "warmup_steps": 0,
         "use_cpu": not cuda,
-        "bf16": cuda,
+        "bf16": mixed_bf16(settings),
         "fp16": False,
         "save_strategy": "no",
         "logging_strategy": "steps",
@@ -166,6 +186,7 @@ def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str
 def trained(trainer: Any, output: Any, path: Path, started: float, examples: int) -> TrainResult:
     """The TrainResult of a finished TRL run."""
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    counts = [row["num_tokens"] for row in trainer.state.log_history if "num_tokens" in row]  # logged by SFT
     rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]  # logged by RL trainers
     return TrainResult(
         path=str(path),
@@ -175,6 +196,8 @@ def trained(trainer: Any, output: Any, path: Path, started: float, examples: int
         last_loss=float(losses[-1]) if losses else float("nan"),
         seconds=time.perf_counter() - started,
         examples=examples,
+        tokens=int(counts[-1]) if counts else 0,
+        train_seconds=float(output.metrics.get("train_runtime", 0.0)),
         first_reward=rewards[0] if rewards else None,
         last_reward=rewards[-1] if rewards else None,
     )

@@ -108,7 +108,9 @@ def test_mask_covers_exactly_the_assistant_turns(tokenizer) -> None:  # noqa: AN
     """Masked tokens decode to the two assistant contents with their end tokens; headers and others stay 0."""
     row = tokenize_with_assistant_mask(CONVERSATION, tokenizer)
     ids, mask = row["input_ids"], row["assistant_masks"]
-    assert ids == tokenizer.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True)["input_ids"]
+    full = tokenizer.apply_chat_template(CONVERSATION, tokenize=True, return_dict=True)["input_ids"]
+    assert ids == full[: len(ids)] and mask[-1] == 1  # it ends at the last assistant token: nothing after has loss
+    assert 0 < len(full) - len(ids) <= 2 and tokenizer.decode(full[len(ids) :]).strip() == ""
     end = tokenizer.eos_token
     assert tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m]) == (
         f"{CONVERSATION[2]['content']}{end}{CONVERSATION[4]['content']}{end}"
@@ -133,17 +135,20 @@ def test_mask_rejects_a_template_that_is_not_prefix_consistent(tokenizer) -> Non
 
 
 def test_trainer_labels_are_masked_outside_assistant_tokens(tiny: str, tokenizer, monkeypatch, tmp_path) -> None:  # noqa: ANN001
-    """The labels SFTTrainer feeds the loss are -100 everywhere but on assistant tokens (padding included)."""
-    from trl import SFTTrainer
+    """The labels the trainer feeds the loss are -100 everywhere but on assistant tokens (padding included)."""
+    from autoevolve.distill import compact
 
     seen: list[dict] = []
-    original = SFTTrainer.compute_loss
 
-    def spy(self, model, inputs, *args, **kwargs):  # noqa: ANN001, ANN202
-        seen.append({k: v.detach().cpu().clone() for k, v in inputs.items() if torch.is_tensor(v)})
-        return original(self, model, inputs, *args, **kwargs)
+    def spying_trainer() -> type:
+        class Spy(compact.compact_sft_trainer()):
+            def compute_loss(self, model, inputs, *args, **kwargs):  # noqa: ANN001, ANN202
+                seen.append({k: v.detach().cpu().clone() for k, v in inputs.items() if torch.is_tensor(v)})
+                return super().compute_loss(model, inputs, *args, **kwargs)
 
-    monkeypatch.setattr(SFTTrainer, "compute_loss", spy)
+        return Spy
+
+    monkeypatch.setattr("autoevolve.distill.sft.compact_sft_trainer", spying_trainer)
     examples = _examples(6)
     train_sft(examples, tiny, tmp_path / "a", FAST)
     expected = {tuple(r["input_ids"]): r["assistant_masks"] for r in build_dataset(examples, tokenizer)}
