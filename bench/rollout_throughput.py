@@ -1,6 +1,20 @@
-"""Rollout throughput, side by side in one process: batched vs one-at-a-time generation, bulk vs row-wise ingest.
+"""Rollout throughput, side by side in one process: one request at a time, lock-step batching, and the decoder.
 
-Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_throughput.py [--requests 32] [--tokens 32] [--repeats 3]
+On the quickstart's real prompts (the life environment's original config, and an evolved one with two
+first-call demos per task, as stage 1 finds them), greedy:
+
+- ``sequential``: ``model.generate`` one request at a time, fp32;
+- ``lock-step``: ``model.generate`` on batches with the shared prefix computed once, fp32 (the path before the
+  decoder; every row waits for the slowest);
+- ``decoder fp32``: ``autoevolve.policy.decode`` at fp32 (its tokens must equal lock-step's);
+- ``decoder auto``: the decoder in the default dtype (bf16 on CPUs with native bf16, else fp32).
+
+Rows give generated tokens/s (medians of ``--repeats``, modes interleaved after a warm-up), the ratio to
+lock-step, and the memory-bandwidth bound: a decode step reads every weight once, so a batch of B rows cannot
+beat B x (copy rate / weight bytes) tokens/s, with the copy rate measured here. Then whole multi-step episodes
+(rollouts/s, what a round pays for), and DuckDB ingest.
+
+Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_throughput.py [--requests 64] [--repeats 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -9,32 +23,108 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+from _shared import write_json
+
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import HCPConfig
+from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.records import Message, ToolCall, Trajectory
+from autoevolve.rollout import rollout
 from autoevolve.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
+TARGET = 3.0  # the decoder's tokens/s over lock-step batching, on the quickstart's prompts
 
 
-def generation(policy: LocalPolicy, n: int, tokens: int, repeats: int) -> list[tuple[str, float, float]]:
-    """Median generated tokens/s for the same requests batched and one by one."""
-    env, hcp = LifeEnv(tiers=(1,)), HCPConfig.from_yaml(ROOT / "prompts/life.yaml")
-    requests = [ChatRequest(messages=hcp.render(t)[0], max_new_tokens=tokens) for t in env.tasks("dev")[:n]]
-    rows = []
-    for label, batch in (("batched", policy.batch_size), ("one at a time", 1)):
-        rates = []
-        for _ in range(repeats):
-            policy.batch_size = batch
+def configs(env: LifeEnv) -> dict[str, HCPConfig]:
+    """The original config, and an evolved one with two nearest first-call demos from 16 labelled train tasks."""
+    original = HCPConfig.from_yaml(ROOT / "prompts/life.yaml")
+    items = [Demo(task_id=t.id, messages=env.reference(t)) for t in env.tasks("train")[:16]]
+    demos = Demos(items=items, select="nearest", k=2, style="first_call")
+    return {"original": original, "evolved": original.model_copy(update={"name": "evolved", "demos": demos})}
+
+
+def first_calls(env: LifeEnv, hcp: HCPConfig, n: int) -> list[ChatRequest]:
+    """The first model call of n dev episodes, as a rollout makes it."""
+    requests = []
+    for task in env.tasks("dev")[:n]:
+        messages, tools = hcp.render(task, [Message(role="user", content=task.request)])
+        requests.append(ChatRequest(messages=messages, tools=tools, max_new_tokens=hcp.sampling.max_new_tokens))
+    return requests
+
+
+def copy_rate() -> float:
+    """Bytes read and written per second by a large tensor copy (median of 5): the machine's memory bandwidth."""
+    src = torch.ones(256 * 2**20 // 4)  # 256 MiB, far beyond any cache
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(6):
+        started = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - started)
+    return 2 * src.numel() * src.element_size() / statistics.median(times[1:])
+
+
+def weight_bytes(policy: LocalPolicy) -> int:
+    """Bytes of every weight a decode step reads (tied embeddings counted once)."""
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in policy.base.parameters()}
+    return sum(seen.values())
+
+
+class Mode:
+    """A way to generate: a policy, its batch size, and whether the decoder serves it."""
+
+    def __init__(self, label: str, policy: LocalPolicy, batch: int, decoder: bool) -> None:
+        self.label, self.policy, self.batch, self.decoder = label, policy, batch, decoder
+
+    def run(self, fn: Callable[[LocalPolicy], object]) -> tuple[object, float]:
+        """Call fn with the policy set up for this mode; its result and seconds."""
+        saved = self.policy.batch_size, self.policy.decoder
+        self.policy.batch_size = self.batch
+        if not self.decoder:
+            self.policy.decoder = None
+        try:
             started = time.perf_counter()
-            out = policy.generate(requests)
-            rates.append(sum(c.completion_tokens for c in out) / (time.perf_counter() - started))
-        rows.append((label, statistics.median(rates), 0.0))
-    return rows
+            out = fn(self.policy)
+            return out, time.perf_counter() - started
+        finally:
+            self.policy.batch_size, self.policy.decoder = saved
+
+
+def generation(modes: list[Mode], requests: dict[str, list[ChatRequest]], sequential_n: int, repeats: int) -> dict:
+    """Median tokens/s of each mode on each config's requests, and each mode's completions."""
+    rates: dict[tuple[str, str], list[float]] = {}
+    texts: dict[tuple[str, str], list[str]] = {}
+    for repeat in range(repeats + 1):  # the first pass warms up on a few requests and is not counted
+        for name, reqs in requests.items():
+            for mode in modes:
+                subset = reqs[:sequential_n] if mode.batch == 1 or not repeat else reqs
+                out, seconds = mode.run(lambda p, subset=subset: p.generate(subset))
+                assert not any(c.error for c in out), [c.error for c in out if c.error][:1]
+                texts[(mode.label, name)] = [c.text for c in out]
+                if repeat:
+                    rates.setdefault((mode.label, name), []).append(sum(c.completion_tokens for c in out) / seconds)
+    return {"rates": {k: statistics.median(v) for k, v in rates.items()}, "texts": texts}
+
+
+def episodes(modes: list[Mode], env: LifeEnv, hcps: dict[str, HCPConfig], n: int, repeats: int) -> dict:
+    """Median whole episodes per second (every step of n dev tasks, batched) and the mean reward, per mode."""
+    tasks = env.tasks("dev")[:n]
+    result: dict[tuple[str, str], tuple[float, float]] = {}
+    for name, hcp in hcps.items():
+        for mode in modes:
+            rates, reward = [], 0.0
+            for _ in range(repeats):
+                trajs, seconds = mode.run(lambda p, hcp=hcp: rollout(p, env, hcp, tasks, run_id="bench"))
+                rates.append(len(trajs) / seconds)
+                reward = sum(t.reward for t in trajs) / len(trajs)
+            result[(mode.label, name)] = (statistics.median(rates), reward)
+    return result
 
 
 def synthetic(n: int) -> list[Trajectory]:
@@ -52,7 +142,7 @@ def synthetic(n: int) -> list[Trajectory]:
     ]
 
 
-def ingest(n_bulk: int, n_rows: int) -> list[tuple[str, float, float]]:
+def ingest(n_bulk: int, n_rows: int) -> list[tuple[str, float]]:
     """Trajectories/s through the bulk path and through one INSERT per row."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,30 +154,74 @@ def ingest(n_bulk: int, n_rows: int) -> list[tuple[str, float, float]]:
             with Store(Path(tmp) / f"{method}.duckdb") as store:
                 started = time.perf_counter()
                 getattr(store, method)(trajs)
-                rows.append((f"{label}, {n} rows", n / (time.perf_counter() - started), 0.0))
+                rows.append((f"{label}, {n} rows", n / (time.perf_counter() - started)))
     return rows
 
 
 def main() -> None:
-    """Print both tables."""
+    """Print the tables and the check of the generation target."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=64, help="first calls per config (one batch)")
+    parser.add_argument("--sequential", type=int, default=8, help="of them, how many the one-at-a-time mode runs")
+    parser.add_argument("--episodes", type=int, default=16, help="dev tasks rolled out whole per mode and config")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bulk", type=int, default=100_000)
     parser.add_argument("--rows", type=int, default=2_000)
+    parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args()
-    policy = LocalPolicy(batch_size=args.requests)
-    gen = generation(policy, args.requests, args.tokens, args.repeats)
-    print(f"\nLocalPolicy, SmolLM2-135M, {args.requests} requests x {args.tokens} new tokens, median of {args.repeats}")
-    print(f"{'mode':<24}{'tokens/s':>12}{'ratio':>10}")
-    for label, rate, _ in gen:
-        print(f"{label:<24}{rate:>12.1f}{rate / gen[-1][1]:>10.1f}")
+    torch.manual_seed(0)
+    env = LifeEnv(tiers=(1,))
+    hcps = configs(env)
+    fp32 = LocalPolicy(batch_size=args.requests, dtype="float32")
+    auto = LocalPolicy(batch_size=args.requests, dtype="auto")
+    modes = [
+        Mode("sequential", fp32, 1, decoder=False),
+        Mode("lock-step", fp32, args.requests, decoder=False),
+        Mode("decoder fp32", fp32, args.requests, decoder=True),
+        Mode(f"decoder auto ({str(auto.base.dtype).removeprefix('torch.')})", auto, args.requests, decoder=True),
+    ]
+    rate = copy_rate()
+    requests = {name: first_calls(env, hcp, args.requests) for name, hcp in hcps.items()}
+    gen = generation(modes, requests, args.sequential, args.repeats)
+    same = {name: gen["texts"][(modes[2].label, name)] == gen["texts"][(modes[1].label, name)] for name in hcps}
+
+    print(f"\nSmolLM2-135M, first calls of {args.requests} dev tasks (sequential: {args.sequential}), greedy, "
+          f"median of {args.repeats}; memory copy rate {rate / 1e9:.1f} GB/s")  # fmt: skip
+    header = f"{'mode':<24}{'config':<10}{'tokens/s':>10}{'vs lock-step':>14}{'bound tok/s':>13}{'of bound':>10}"
+    print(header)
+    table = []
+    for mode in modes:
+        bound = mode.batch * rate / weight_bytes(mode.policy)
+        for name in hcps:
+            tps = gen["rates"][(mode.label, name)]
+            ratio = tps / gen["rates"][(modes[1].label, name)]
+            table.append({"mode": mode.label, "config": name, "tokens_s": tps, "ratio": ratio, "bound": bound})
+            print(f"{mode.label:<24}{name:<10}{tps:>10.1f}{ratio:>13.2f}x{bound:>13.0f}{tps / bound:>10.1%}")
+    print(f"decoder fp32 tokens equal lock-step's: {same}")
+
+    eps = episodes(modes[1:], env, hcps, args.episodes, args.repeats)
+    print(f"\nWhole episodes ({args.episodes} dev tasks, every step batched), median of {args.repeats}")
+    print(f"{'mode':<24}{'config':<10}{'rollouts/s':>12}{'vs lock-step':>14}{'reward':>9}")
+    episode_rows = []
+    for (label, name), (per_s, reward) in eps.items():
+        ratio = per_s / eps[(modes[1].label, name)][0]
+        episode_rows.append({"mode": label, "config": name, "rollouts_s": per_s, "ratio": ratio, "reward": reward})
+        print(f"{label:<24}{name:<10}{per_s:>12.2f}{ratio:>13.2f}x{reward:>9.3f}")
+
     ing = ingest(args.bulk, args.rows)
     print("\nDuckDB store ingest")
     print(f"{'path':<30}{'trajectories/s':>16}{'ratio':>10}")
-    for label, rate, _ in ing:
-        print(f"{label:<30}{rate:>16.0f}{rate / ing[-1][1]:>10.1f}")
+    for label, per_s in ing:
+        print(f"{label:<30}{per_s:>16.0f}{per_s / ing[-1][1]:>10.1f}")
+
+    best = min(row["ratio"] for row in table if row["mode"] == modes[3].label)
+    ok = best >= TARGET and all(same.values())
+    verdict = "PASS" if ok else "FAIL"
+    print(f"\n{verdict}: decoder (default dtype) {best:.2f}x lock-step tokens/s, the lower of the two configs "
+          f"(target >= {TARGET:.0f}x); fp32 decoder tokens equal lock-step's: {all(same.values())}")  # fmt: skip
+    if args.json:
+        write_json(args.json, {"copy_rate_gbs": rate / 1e9, "generation": table, "episodes": episode_rows,
+                               "same_tokens": same, "pass": ok})  # fmt: skip
 
 
 if __name__ == "__main__":
