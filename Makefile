@@ -1,4 +1,5 @@
-# make demo: one self-evolution round on the embedded model. make test: the test suite.
+# make demo: one self-evolution round on the embedded model. make test: the test suite without the tests marked
+# slow (minutes each); make test-all: every test.
 # Each target installs what it needs into .venv first (torch pinned to the CPU build by constraints.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -6,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install demo test lint bench bench-store bench-gepa bench-loop
+.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-gepa bench-loop
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -22,13 +23,25 @@ demo: install
 	$(VENV)/bin/autoevolve run configs/quickstart.yaml
 
 test: install
+	$(VENV)/bin/pytest -q -ra -m "not slow"
+
+test-slow: install
+	$(VENV)/bin/pytest -q -ra -m slow
+
+test-all: install
 	$(VENV)/bin/pytest -q -ra
 
 lint: install
 	$(VENV)/bin/ruff check autoevolve flows tests bench
 
-bench: install
+bench: install  # generation and episodes: sequential, lock-step batching, the decoder; about 15 minutes
 	$(PY) bench/rollout_throughput.py
+
+bench-train: install  # SFT tokens/s before and after, at fp32 and bf16, on a quickstart-like selection
+	$(PY) bench/train_throughput.py
+
+bench-profile: install  # where a quickstart round's time goes, stage by stage, about 6 minutes
+	$(PY) bench/round_profile.py
 
 bench-store: install  # snapshot publish and read cost by store size, under a minute
 	$(PY) bench/store_snapshot.py

@@ -245,6 +245,7 @@ def served(prefect_harness):
     proc.wait(timeout=60)
 
 
+@pytest.mark.slow  # a Prefect runner in its own process picks the stage up
 def test_a_round_distils_on_the_deployment_and_loads_the_adapter_it_registered(
     tmp_path: Path, served, tiny_model_dir
 ) -> None:
@@ -306,6 +307,7 @@ def _remote_error(tmp_path: Path, model_dir: Path, deployment: str, extra: str =
     return str(caught.value)
 
 
+@pytest.mark.slow
 def test_a_remote_stage_that_fails_says_which_flow_run_and_why(tmp_path: Path, served, tiny_model_dir) -> None:
     said = _remote_error(tmp_path, tiny_model_dir, served)
     assert said.startswith(f"stage distill on deployment '{served}' did not complete: flow run ")

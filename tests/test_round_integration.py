@@ -115,6 +115,7 @@ def _train(policy, store: Store, examples: list, out: Path, parent=None):  # noq
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # trains two adapters on SmolLM2 and gates each: two minutes
 def test_the_gate_promotes_a_good_adapter_and_rejects_a_planted_bad_one(tmp_path: Path, smol_policy) -> None:
     """Good: SFT on 24 gold train conversations. Bad: the good one trained on, with each request's actions shuffled."""
     env = make_env("life", tiers=(1,), n_train=96, n_dev=16, n_test=16)

@@ -62,27 +62,30 @@ def _count(store: Store) -> int:
 
 def test_readers_see_a_growing_store_while_a_writer_holds_it(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
-    writer = _writer(path, batches=60)
+    writer = _writer(path, batches=120)
     assert json.loads(writer.stdout.readline()) == {"written": 8}  # the writer holds the file now
     with pytest.raises(duckdb.IOException, match="lock"):
         duckdb.connect(str(path), read_only=True)  # what a reader would hit without snapshots
+    cli = subprocess.Popen(  # a command-line reader, in its own process, while the writer goes on
+        [sys.executable, "-m", "autoevolve.cli", "selections", "w", "--store", str(path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     while writer.poll() is None:
         with Store.snapshot(path) as store:
             seen.append(_count(store))
-        done = subprocess.run(
-            [sys.executable, "-m", "autoevolve.cli", "selections", "w", "--store", str(path)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 2 and "no selections for run 'w'" in done.stderr  # read, not refused
+        time.sleep(0.1)
+    _, said = cli.communicate(timeout=120)
+    assert cli.returncode == 2 and "no selections for run 'w'" in said  # read, not refused
     out = [json.loads(line) for line in writer.stdout.read().splitlines()]
     assert writer.returncode == 0
     assert seen == sorted(seen) and len(set(seen)) >= 3  # several states read while it wrote, never going back
     assert out[-1]["slowest_write_s"] < 2.0  # readers never held the writer up
     with Store.snapshot(path) as store:
-        assert _count(store) == 480
+        assert _count(store) == 960
     assert not snapshot_path(path).exists()  # a writer that closed leaves no snapshot behind
 
 

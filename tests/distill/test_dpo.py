@@ -44,6 +44,7 @@ def test_pairs_share_the_original_prompt_and_differ_in_completions() -> None:
     assert row["rejected"] == [{"role": "assistant", "content": "I cannot help."}]
 
 
+@pytest.mark.slow  # TRL DPO on CPU: half a minute even on the tiny model
 def test_train_dpo_moves_the_adapter_towards_the_chosen_side(tiny: str, tmp_path: Path) -> None:  # noqa: F811
     pairs, tasks, original = _pairs(4)
     result = train_dpo(preference_examples(pairs, tasks, original), tiny, tmp_path / "dpo", FAST)

@@ -28,7 +28,7 @@ def test_every_configurable_trainer_is_registered() -> None:
     assert set(TRAINERS) == set(get_args(DistillSettings.model_fields["trainer"].annotation)) == {"sft", "dpo", "grpo"}
 
 
-@pytest.mark.parametrize("name", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("name", ["sft", pytest.param("dpo", marks=pytest.mark.slow), "grpo"])
 def test_each_trainer_trains_on_the_selection_and_continues_from_the_live_adapter(
     name: str,
     tiny: str,  # noqa: F811
