@@ -6,6 +6,7 @@ the result is cached as safetensors under the user cache directory so later load
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -96,6 +97,7 @@ def _dtype(dtype: str):  # noqa: ANN202
     return getattr(torch, dtype)
 
 
+@functools.cache
 def native_bf16() -> bool:
     """Whether bf16 matrix products run natively here: a CUDA device, or a CPU with AVX512-BF16 or AMX.
 
