@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from autoevolve.policy.kvstore import KV, KVStore, Sequence
-from autoevolve.policy.weights import Projection, Unsupported, adapter_projections, base_projections
+from autoevolve.policy.weights import Projection, Unsupported, adapter_projections, base_projections, pack
 
 SUPPORTED = ("llama", "mistral", "qwen2")  # decoder layers of exactly this shape; others use model.generate
 PREFILL_TOKENS = 2048  # tokens per prefill chunk: bounds the attention's memory
@@ -75,6 +75,7 @@ class Decoder:
         inner = model.model  # PEFT wraps the linear layers in place, so every call sees the active adapter
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         self.head = model.lm_head
+        self.logits = pack(self.head.weight.detach(), None if self.head.bias is None else self.head.bias.detach())
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
@@ -171,10 +172,10 @@ class Decoder:
             if not keep:
                 break
             if len(keep) < len(active):  # ended rows leave: every later step computes live rows only
-                active, lengths, fed = [active[s] for s in keep], lengths[keep], fed[keep]
-                cache.keep(keep)
+                moved = cache.keep(keep)
+                active, lengths, fed = [active[s] for s in moved], lengths[moved], fed[moved]
                 if drafts is not None:
-                    drafts.keep(keep)
+                    drafts.keep(moved)
             guesses = drafts.guess([out[i] for i in active], max_new) if drafts is not None else [[]] * len(active)
             width = 1 + max(len(d) for d in guesses)
             ids = torch.tensor(
@@ -210,7 +211,7 @@ class Decoder:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits (fp32) of hidden states."""
-        return self.head(self.norm(hidden)).float()
+        return self.logits(self.norm(hidden)).float()
 
     def _prefix(self, adapter: str | None, weights: Layers, ids: list[int]) -> Sequence:
         """The shared prefix's keys and values (one row), computed from scratch once per adapter and kept."""
@@ -267,7 +268,7 @@ class Decoder:
             ends = [shared + len(x) for x in own[start:end]]
             positions = torch.tensor([range(e - window, e) for e in ends]).clamp(min=0)
             hidden = self._chunk(weights, ids, positions, prefix, cache, start)
-            last[start:end] = self.head(self.norm(hidden[:, -1])).float()
+            last[start:end] = self._logits(hidden[:, -1])
             self.stats.prefill_tokens += sum(len(x) for x in chunk)
             start = end
         return last
@@ -422,12 +423,26 @@ class _Rows:
         ]  # fmt: skip
         return Sequence(adapter, key, np.asarray(tokens), prefix.prefix, own)
 
-    def keep(self, slots: list[int]) -> None:
-        """Keep only these rows."""
-        idx = torch.tensor(slots)
-        self.k, self.v = [t[idx] for t in self.k], [t[idx] for t in self.v]
-        self.gen_k, self.gen_v = [t[idx] for t in self.gen_k], [t[idx] for t in self.gen_v]
-        self._lengths([self.lengths[s] for s in slots])
+    def keep(self, slots: list[int]) -> list[int]:
+        """Keep only these rows (ascending); returns the old slot of each row kept, in its new order.
+
+        Live rows past the new end move into the holes ended rows left, and the buffers are cut to the live rows
+        as views: only the moved rows are copied, not every row's keys and values.
+        """
+        live = len(slots)
+        holes = sorted(set(range(live)) - set(slots))
+        movers = [s for s in slots if s >= live]
+        moved = list(range(live))
+        for hole, mover in zip(holes, movers, strict=True):
+            moved[hole] = mover
+        if holes:
+            src, dst = torch.tensor(movers), torch.tensor(holes)
+            for t in (*self.k, *self.v, *self.gen_k, *self.gen_v):
+                t[dst] = t[src]
+        self.k, self.v = [t[:live] for t in self.k], [t[:live] for t in self.v]
+        self.gen_k, self.gen_v = [t[:live] for t in self.gen_k], [t[:live] for t in self.gen_v]
+        self._lengths([self.lengths[s] for s in moved])
+        return moved
 
     def _lengths(self, lengths: list[int]) -> None:
         """Set the rows' own lengths, their valid columns and the decode scores' bias (-inf on padding)."""

@@ -149,3 +149,29 @@ def test_guessed_tokens_are_kept_only_where_the_model_agrees(pair, monkeypatch) 
         assert decoder.generate(rows, adapter=None, max_new=12) == plain
         taken, guessed = decoder.stats.decode_steps - mark[0], decoder.stats.guessed_tokens - mark[1]
         assert (taken <= steps // 3 + 1 and guessed >= 2 * steps) if fewer else (taken == steps and guessed == 0)
+
+
+def test_a_packed_projection_computes_what_linear_computes() -> None:
+    from autoevolve.policy.weights import pack
+
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    proj = pack(weight, bias)
+    for shape in ((1, 24), (13, 24), (3, 5, 24)):  # any row count, and prefill's [rows, tokens, in]
+        x = torch.randn(*shape, generator=gen)
+        assert torch.allclose(proj(x), torch.nn.functional.linear(x, weight, bias), atol=1e-4)
+    assert pack(weight.double()).packed is None  # only fp32 is packed; others call F.linear
+
+
+def test_rows_leaving_move_only_the_live_rows_past_the_end(pair) -> None:  # noqa: ANN001
+    from autoevolve.policy.decode import _Rows
+
+    fast, _ = pair
+    cache = _Rows.allocate(fast.decoder, [3, 5, 2, 4, 1], max_new=2)
+    for slot in range(5):
+        cache.k[0][slot] = slot
+    before = cache.k[0].data_ptr()
+    moved = cache.keep([1, 3, 4])  # slots 0 and 2 ended: 1 stays, 3 and 4 (past the new end) fill the holes
+    assert moved == [3, 1, 4] and cache.lengths == [4, 5, 1]
+    assert [int(cache.k[0][s].flatten()[0]) for s in range(3)] == [3, 1, 4]
+    assert cache.k[0].data_ptr() == before and cache.k[0].shape[0] == 3  # a view of the same buffer
