@@ -211,9 +211,10 @@ def main() -> None:
     same = {name: gen["texts"][(modes[2].label, name)] == gen["texts"][(modes[1].label, name)] for name in hcps}
 
     flops = {mode.label: gemm_rate(mode.batch, mode.policy.base.dtype) for mode in modes}
+    fp32, default = flops[modes[2].label] / 1e9, flops[modes[3].label] / 1e9
     print(f"\nSmolLM2-135M, first calls of {args.requests} dev tasks (sequential: {args.sequential}), greedy, "
           f"median of {args.repeats}; memory copy rate {rate / 1e9:.1f} GB/s; matrix products at {args.requests} "
-          f"rows {flops[modes[2].label] / 1e9:.0f} GFLOP/s (fp32), {flops[modes[3].label] / 1e9:.0f} (default dtype)")  # fmt: skip
+          f"rows {fp32:.0f} GFLOP/s (fp32), {default:.0f} (default dtype)")  # fmt: skip
     print(f"{'mode':<24}{'config':<10}{'tokens/s':>10}{'vs lock-step':>14}{'memory bound':>14}{'ceiling':>10}"
           f"{'of ceiling':>12}")  # fmt: skip
     table = []
