@@ -64,14 +64,14 @@ def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_mod
 
 
 @pytest.mark.parametrize(
-    ("answer", "decision", "reason_end"),
+    ("answer", "timeout", "decision", "reason_end"),
     [
-        ({"approve": True}, "promote", "CI above 0"),
-        ({"approve": False, "note": "too risky"}, "reject", "; not approved: declined: too risky"),
-        (None, "reject", "; not approved: no answer within 2 s"),
+        ({"approve": True}, 60, "promote", "CI above 0"),
+        ({"approve": False, "note": "too risky"}, 60, "reject", "; not approved: declined: too risky"),
+        (None, 2, "reject", "; not approved: no answer within 2 s"),
     ],
 )
-def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect_harness, answer, decision, reason_end):  # noqa: ANN001
+def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect_harness, answer, timeout, decision, reason_end):  # noqa: ANN001, E501
     from prefect import flow, resume_flow_run
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
@@ -80,7 +80,8 @@ def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect
     from flows.round import approval
     from tests.test_select import NoCalls
 
-    config = _tiny_config(tmp_path, tmp_path, "registry: {approval: true, approval_timeout_s: 2}\n")
+    # An answered pause waits long enough for a loaded machine's SQLite-backed test server to record the answer.
+    config = _tiny_config(tmp_path, tmp_path, f"registry: {{approval: true, approval_timeout_s: {timeout}}}\n")
     cell = Cell(adapter="", hcp_id="h", mean=0.5, n=4)
     dev = EvalReport(
         run_id="tiny",
@@ -107,7 +108,7 @@ def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect
                 time.sleep(0.2)
         if answer is not None:
             resume_flow_run(ids[0], run_input=answer)
-        thread.join(timeout=30)
+        thread.join(timeout=90)
         stored = store.evaluations("tiny")
     [report] = results
     assert report.decision == decision and report.reason.endswith(reason_end)
