@@ -71,7 +71,9 @@ def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_mod
         (None, 2, "reject", "; not approved: no answer within 2 s"),
     ],
 )
-def test_approval_pauses_the_flow_until_a_person_answers(tmp_path: Path, prefect_harness, answer, timeout, decision, reason_end):  # noqa: ANN001, E501
+def test_approval_pauses_the_flow_until_a_person_answers(
+    tmp_path: Path, prefect_harness, answer, timeout, decision, reason_end
+):  # noqa: ANN001
     from prefect import flow, resume_flow_run
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
