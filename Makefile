@@ -50,5 +50,5 @@ bench-gepa: install  # about 15 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/evolution_vs_gepa.py
 
-bench-loop: install  # three rounds of configs/loop.yaml, 30-50 minutes on 2 cores
+bench-loop: install  # three rounds of configs/loop.yaml, about 70 minutes on 2 cores
 	$(PY) bench/loop_efficacy.py

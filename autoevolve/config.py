@@ -150,6 +150,26 @@ class EvolveSettings(Section):
         return value
 
 
+class CurriculumSettings(Section):
+    """Which tasks a round works on: the live adapter's frontier, over tiers that enter play as earlier ones pass."""
+
+    tiers: list[int] = Field(default=[1, 2, 3], description="Tiers in the order they enter play; the first starts.")
+    unlock_at: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        description="The next tier enters play once the live adapter's dev score (original config) on the last "
+        "tier in play reaches this.",
+    )
+    dev_tasks: int = Field(default=12, gt=0, description="Dev tasks per tier in play that measure the unlock score.")
+    pool: int = Field(
+        default=64, gt=0, description="Train tasks (balanced over the tiers in play) the frontier is measured on."
+    )
+    frontier_share: float = Field(
+        default=0.75, ge=0.0, le=1.0, description="Share of each round's train tasks drawn from the frontier."
+    )
+
+
 class SelectSettings(Section):
     """Stage 2: paired comparison against the original config."""
 
@@ -161,6 +181,13 @@ class SelectSettings(Section):
     tier_ratio: float | None = Field(
         default=2.0, ge=1.0, description="No tier keeps more than this x the items of the tier with fewest; None: off."
     )
+    best_of: int = Field(
+        default=1,
+        ge=1,
+        description="Also sample the best evolved config this many times per task at ``temperature`` (rejection "
+        "sampling): any sample beating the original's rollouts can be kept. Later rounds draw new samples.",
+    )
+    temperature: float = Field(default=0.7, gt=0.0, le=2.0, description="Sampling temperature of the best_of samples.")
 
 
 class DistillSettings(GRPOSettings):
@@ -175,6 +202,14 @@ class DistillSettings(GRPOSettings):
         default=None,
         description="Run stage 3 as a flow run of this Prefect deployment ('flow-name/deployment-name', e.g. "
         "'autoevolve-distill/gpu' on the GPU pool); None: in the round's own process.",
+    )
+    replay: bool = Field(
+        default=True,
+        description="Train on this round's selection and on those that trained the live adapter's lineage (a task "
+        "kept in several: its newest win), so a later round does not forget what earlier rounds taught.",
+    )
+    init: Literal["live", "base"] = Field(
+        default="live", description="live: continue training the live adapter A_r; base: a fresh LoRA on the base."
     )
 
     @model_validator(mode="after")
@@ -209,6 +244,11 @@ class GateSettings(Section):
     dev_tasks: int = Field(default=32, gt=0)
     test_tasks: int = Field(default=64, gt=0)
     min_gain: float = Field(default=0.0, description="Dev gain of adapter over base (original config) to promote.")
+    tier_tolerance: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Reject if any tier's dev mean (original config) drops by more than this; None: off.",
+    )
     guard: GuardSettings | None = Field(default=None, description="Tasks the new adapter must not lose on; None: off.")
 
 
@@ -295,6 +335,9 @@ class RunConfig(Section):
     store: Path = Field(default=Path("trajectories/autoevolve.duckdb"))
     run_dir: Path = Field(default=Path("trajectories/runs"), description="Reports and adapters go in run_dir/run_id.")
     env: EnvSettings = Field(default_factory=EnvSettings)
+    curriculum: CurriculumSettings | None = Field(
+        default=None, description="Draw each round's tasks from the live adapter's frontier; None: fixed tasks."
+    )
     model: ModelSettings = Field(default_factory=ModelSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
     select: SelectSettings = Field(default_factory=SelectSettings)
@@ -343,6 +386,9 @@ def load_config(path: str | Path) -> RunConfig:
         reflection.meta_prompts = _existing(reflection.meta_prompts, path, "evolve.reflection.meta_prompts")
     if config.gate.guard is not None:
         _check_guard(config, path)
+    if config.curriculum is not None and not set(config.curriculum.tiers) <= set(config.env.tiers):
+        missing = sorted(set(config.curriculum.tiers) - set(config.env.tiers))
+        raise ConfigError(f"{path}: curriculum.tiers: tier {missing[0]} is not in env.tiers; add it there")
     config.run_id = config.run_id or path.stem
     try:
         config.original_hcp()

@@ -55,7 +55,19 @@ def cells(
     return table, rewards
 
 
-def compare(bench: Workbench, split: str, table: dict[str, Cell], rewards: dict[str, list[float]]) -> EvalReport:
+def by_tier(tasks: list[Task], rewards: dict[str, list[float]]) -> dict[str, dict[str, float | int]]:
+    """Each cell's mean reward per task tier, and the tier's task count."""
+    out: dict[str, dict[str, float | int]] = {}
+    for tier in sorted({t.tier for t in tasks}):
+        at = [i for i, t in enumerate(tasks) if t.tier == tier]
+        means: dict[str, float | int] = {name: mean([values[i] for i in at]) for name, values in rewards.items()}
+        out[str(tier)] = means | {"n_tasks": len(at)}
+    return out
+
+
+def compare(
+    bench: Workbench, split: str, table: dict[str, Cell], rewards: dict[str, list[float]], tasks: list[Task]
+) -> EvalReport:
     """The report of a 2x2: the paired gain of the adapter under the original config, its interval, retention."""
     diffs = [a - b for a, b in zip(rewards["adapter_original"], rewards["base_original"], strict=True)]
     prompt_gain = table["base_evolved"].mean - table["base_original"].mean
@@ -70,6 +82,7 @@ def compare(bench: Workbench, split: str, table: dict[str, Cell], rewards: dict[
         gain=gain,
         gain_ci=bootstrap_ci(diffs, bench.seed),
         retention=gain / prompt_gain if prompt_gain > 0 else None,
+        tiers=by_tier(tasks, rewards),
     )
 
 
@@ -81,10 +94,12 @@ def gate(
     candidate: str,
     dev_tasks: list[Task],
     min_gain: float = 0.0,
+    tier_tolerance: float | None = None,
 ) -> EvalReport:
-    """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its 95% interval lies above zero."""
+    """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its 95% interval lies above zero, and (with
+    ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
-    report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate"))
+    report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate"), dev_tasks)
     low, high = report.gain_ci
     promote = report.gain > min_gain and low > 0
     c = report.cells
@@ -94,6 +109,14 @@ def gate(
         f"{base or 'base'} + original {c['base_original'].mean:.3f}: gain {report.gain:+.3f}, 95% CI "
         f"[{low:+.3f}, {high:+.3f}]{why}; required: gain > {min_gain:.3f} and CI above 0"
     )
+    if tier_tolerance is not None:
+        gains = {k: v["adapter_original"] - v["base_original"] for k, v in report.tiers.items()}
+        worse = [k for k, g in gains.items() if g < -tier_tolerance - 1e-9]
+        shown = ", ".join(f"tier {k} {g:+.3f}" for k, g in gains.items())
+        reason += f"; per tier: {shown} (tolerance {tier_tolerance:.3f})"
+        if worse:
+            promote = False
+            reason += f": tier {worse[0]} dropped beyond it"
     report = report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason})
     bench.store.put_evaluation(report)
     return report
@@ -124,7 +147,7 @@ def held_out(
 ) -> EvalReport:
     """The full 2x2 on test tasks, for the report only."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
-    report = compare(bench, "test", *cells(bench, test_tasks, configs, adapters, "report"))
+    report = compare(bench, "test", *cells(bench, test_tasks, configs, adapters, "report"), test_tasks)
     reason = f"held-out table on {len(test_tasks)} test tasks; it decides nothing"
     report = report.model_copy(update={"reason": reason})
     bench.store.put_evaluation(report)

@@ -1,7 +1,8 @@
 """One round of the loop as plain library functions; ``flows/`` wraps each in a Prefect task.
 
-round r: evolve configs around adapter A_r -> select what the best config unlocked -> distil it into A_{r+1}
-under the original config -> gate on dev -> promote or reject -> report the 2x2 on test.
+round r: plan its tasks (the live adapter A_r's frontier, with a curriculum) -> evolve configs around A_r ->
+select what the best config unlocked -> distil it into A_{r+1} under the original config -> gate on dev ->
+promote or reject -> report the 2x2 on test.
 
 Every stage records what it handed on in the store when it finishes (``run_stage``), so re-running a crashed
 run with the same run id resumes: finished stages are loaded, not redone, and the unfinished one reuses every
@@ -18,23 +19,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoevolve import registry
+from autoevolve import curriculum, registry
 from autoevolve.config import RunConfig
 from autoevolve.distill import TrainResult
 from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs import make_env
 from autoevolve.evaluate import gate, guard_check, held_out, with_guard
-from autoevolve.evolve import EvolveResult, evolve, make_mutators, train_tasks
+from autoevolve.evolve import EvolveResult, evolve, make_mutators
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import Policy
-from autoevolve.records import AdapterRecord, EvalReport, Selection
+from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan
 from autoevolve.report import write_report
 from autoevolve.select import select
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 
-STAGES = ("evolve", "select", "distill", "gate", "decide", "report")
+STAGES = ("plan", "evolve", "select", "distill", "gate", "decide", "report")
 
 
 @dataclass
@@ -161,7 +162,7 @@ def finish_round(r: Round) -> dict[str, Any]:
     get = {s: result(r, s) if finished(r, s) else None for s in STAGES}
     record, train = get["distill"] or (None, None)
     record, dev = get["decide"] or (record, get["gate"])
-    report = write_report(r, get["evolve"], get["select"], record, train, dev, get["report"])
+    report = write_report(r, get["plan"], get["evolve"], get["select"], record, train, dev, get["report"])
     if report["failed_rollouts"]:
         print(
             f"{report['failed_rollouts']} of {report['rollouts']} rollouts failed at the policy endpoint after "
@@ -180,11 +181,34 @@ def round_report(store: Store, run_id: str, round: int) -> dict[str, Any] | None
 # -- the stages -----------------------------------------------------------------------------------
 
 
+def stage_plan(r: Round) -> TaskPlan:
+    """The round's tiers in play and train tasks: A_r's frontier with a curriculum, else a fixed seeded draw."""
+    c, n = r.config.curriculum, max(r.config.evolve.train_tasks, r.config.select.train_tasks)
+    if c is None:
+        task_plan = curriculum.fixed_plan(r.bench, n, r.config.seed)
+    else:
+        before = r.bench.store.stage_result(r.bench.run_id, r.bench.round - 1, "plan") if r.bench.round else None
+        tiers = TaskPlan.model_validate(before[0]).tiers if before else None
+        task_plan = curriculum.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers)
+        print(f"  plan: {task_plan.why}")
+    return task_plan
+
+
+def task_plan(r: Round) -> TaskPlan:
+    """The round's plan: loaded if it finished, else made now (a stage run on its own needs it too)."""
+    return result(r, "plan") if finished(r, "plan") else run_stage(r, "plan")
+
+
+def tasks_in_play(r: Round, split: str, n: int) -> list[Task]:
+    """The first n dev or test tasks of the tiers in play this round."""
+    return curriculum.split_tasks(r.bench, split, task_plan(r).tiers, n)  # type: ignore[arg-type]
+
+
 def stage_evolve(r: Round) -> EvolveResult:
     """Stage 1: search HCP configs (train minibatches, dev scores) around the frozen adapter A_r."""
     e = r.config.evolve
-    tasks = train_tasks(r.bench.env, e.train_tasks, r.config.seed)
-    dev = r.bench.env.tasks("dev")[: e.dev_tasks]
+    tasks = curriculum.train_of(r.bench, task_plan(r), e.train_tasks)
+    dev = tasks_in_play(r, "dev", e.dev_tasks)
     reflector = make_reflector(r) if "reflective" in e.mutators else None
     own = e.reflection.model == "policy"  # the policy reflects with the adapter it serves; another model with none
     ops = make_mutators(e, reflector, adapter=(r.base_ref or None) if own else None)
@@ -209,9 +233,13 @@ def make_reflector(r: Round) -> Policy:
 def stage_select(r: Round) -> Selection:
     """Stage 2: pair evolved-config rollouts with the original's per train task; keep the wins."""
     s, evolved = r.config.select, result(r, "evolve")
-    tasks = train_tasks(r.bench.env, s.train_tasks, r.config.seed)  # includes stage 1's tasks: reused
+    tasks = curriculum.train_of(r.bench, task_plan(r), s.train_tasks)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
+    sampled = None
+    if s.best_of > 1:  # the best config sampled (the original too, when the search found nothing better)
+        knobs = evolved.best.sampling.model_copy(update={"temperature": s.temperature})
+        sampled = evolved.best.model_copy(update={"name": f"{evolved.best.name}-sampled", "sampling": knobs})
     return select(
         r.bench,
         r.original,
@@ -223,6 +251,8 @@ def stage_select(r: Round) -> Selection:
         samples=s.samples,
         max_per_task=s.max_per_task,
         tier_ratio=s.tier_ratio,
+        sampled=sampled,
+        best_of=s.best_of,
     )
 
 
@@ -243,8 +273,10 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
         return mine[0], trained
     version = store.next_adapter_version(name)
     out = registry.adapter_dir(r.run_dir / "adapters", name, version)  # absolute: the registry must not depend on cwd
-    init = r.base_adapter.path if r.base_adapter else None
-    job = DistillJob(r.bench, selection, r.original, r.config.model.name, out, init_adapter=init)
+    d = r.config.distill
+    init = r.base_adapter.path if r.base_adapter and d.init == "live" else None
+    replay = lineage_selections(r) if d.replay else []
+    job = DistillJob(r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay)
     trained = TRAINERS[r.config.distill.trainer](job, r.config.distill)
     (Path(trained.path) / "train_result.json").write_text(trained.model_dump_json(indent=2))
     record = registry.register(
@@ -263,11 +295,24 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
     return record, trained
 
 
+def lineage_selections(r: Round) -> list[Selection]:
+    """The selections that trained the live adapter and its ancestors, newest first (replayed in training)."""
+    out, adapter, store = [], r.base_adapter, r.bench.store
+    while adapter is not None:
+        if adapter.selection_id:
+            out.append(store.selection(adapter.selection_id))
+        adapter = store.adapter(adapter.name, adapter.parent_version) if adapter.parent_version else None
+    return out
+
+
 def stage_gate(r: Round) -> EvalReport:
     """Gate on dev: should A_{r+1} replace A_r under the original config? (The guard set can still say no.)"""
     evolved, (record, _) = result(r, "evolve"), result(r, "distill")
-    dev = r.bench.env.tasks("dev")[: r.config.gate.dev_tasks]
-    report = gate(r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain)
+    dev = tasks_in_play(r, "dev", r.config.gate.dev_tasks)
+    report = gate(
+        r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain,
+        tier_tolerance=r.config.gate.tier_tolerance,
+    )  # fmt: skip
     g = r.config.gate.guard
     if g is not None:
         b = r.bench
@@ -299,7 +344,8 @@ def stage_decide(r: Round, dev: EvalReport | None = None) -> tuple[AdapterRecord
 
 
 def stage_report(r: Round) -> EvalReport:
-    """The 2x2 on held-out test tasks (reported, never used to decide)."""
+    """The 2x2 on held-out test tasks of every tier (reported, never used to decide): the same tasks every round,
+    so rounds compare task by task."""
     evolved, (record, _) = result(r, "evolve"), result(r, "decide")
     test = r.bench.env.tasks("test")[: r.config.gate.test_tasks]
     return held_out(r.bench, r.original, evolved.best, r.base_ref, record.ref, test)
@@ -327,6 +373,7 @@ def _load_adapter(r: Round, name: str, version: int) -> AdapterRecord:
 
 
 _RUN: dict[str, Callable[..., Any]] = {
+    "plan": stage_plan,
     "evolve": stage_evolve,
     "select": stage_select,
     "distill": stage_distill,
@@ -335,6 +382,7 @@ _RUN: dict[str, Callable[..., Any]] = {
     "report": stage_report,
 }
 _DUMP: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "plan": lambda p: p.model_dump(mode="json"),
     "evolve": lambda e: {"best": e.best.id, "budget": e.budget},
     "select": lambda s: {"selection_id": s.id},
     "distill": lambda rt: {"name": rt[0].name, "version": rt[0].version, "train": rt[1].model_dump(mode="json")},
@@ -343,6 +391,7 @@ _DUMP: dict[str, Callable[[Any], dict[str, Any]]] = {
     "report": lambda test: test.model_dump(mode="json"),
 }
 _LOAD: dict[str, Callable[[Round, dict[str, Any]], Any]] = {
+    "plan": lambda r, d: TaskPlan.model_validate(d),
     "evolve": _load_evolve,
     "select": lambda r, d: r.bench.store.selection(d["selection_id"]),
     "distill": lambda r, d: (_load_adapter(r, d["name"], d["version"]), TrainResult.model_validate(d["train"])),

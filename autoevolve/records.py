@@ -167,6 +167,28 @@ class Selection(Record):
     items: list[SelectedTrajectory]
 
 
+class TaskPlan(Record):
+    """The tasks a round works on: the tiers in play and its train tasks, drawn mostly from the live adapter's
+    frontier (the train tasks it fails or only partly solves under the original config)."""
+
+    run_id: str
+    round: int
+    adapter: str = Field(default="", description="The live adapter A_r the frontier was measured with.")
+    tiers: list[int] = Field(description="Tiers in play: dev, test and train tasks come from these.")
+    dev_scores: dict[str, float] = Field(
+        default_factory=dict, description="A_r + original config, mean dev reward per tier, that decided the tiers."
+    )
+    pool: dict[str, float] = Field(
+        default_factory=dict, description="Train task id -> A_r + original reward, for the pool the frontier came from."
+    )
+    frontier: list[str] = Field(default_factory=list, description="Pool tasks A_r did not fully solve.")
+    train: list[str] = Field(
+        description="Train task ids in draw order: stage 1 takes the first evolve.train_tasks, stage 2 the first "
+        "select.train_tasks."
+    )
+    why: str = Field(default="", description="How the tiers and tasks were chosen, in words.")
+
+
 AdapterStatus = Literal["candidate", "promoted", "rejected", "retired"]
 
 
@@ -285,3 +307,7 @@ class EvalReport(Record):
         default=None, description="gain / (base_evolved - base_original); None when the evolved config gained nothing."
     )
     guard: Guard | None = Field(default=None, description="The guard set's check (gate only, when configured).")
+    tiers: dict[str, dict[str, float | int]] = Field(
+        default_factory=dict,
+        description="Per task tier ('1', '2', ...): each cell's mean reward over that tier's tasks, and n_tasks.",
+    )

@@ -10,7 +10,7 @@ from autoevolve.config import RunConfig
 from autoevolve.distill import TrainResult
 from autoevolve.evaluate import CELLS
 from autoevolve.evolve import EvolveResult
-from autoevolve.records import AdapterRecord, EvalReport, Selection
+from autoevolve.records import AdapterRecord, EvalReport, Selection, TaskPlan
 
 if TYPE_CHECKING:
     from autoevolve.loop import Round
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 def write_report(
     r: Round,
+    task_plan: TaskPlan | None,
     evolved: EvolveResult,
     selection: Selection,
     record: AdapterRecord | None = None,
@@ -30,6 +31,7 @@ def write_report(
         "run_id": r.bench.run_id,
         "round": r.bench.round,
         "hcp": {"original": r.original.id, "evolved": evolved.best.id},
+        "live_adapter": r.base_ref or None,
         "candidates": [
             {
                 "hcp_id": x.hcp_id,
@@ -47,9 +49,11 @@ def write_report(
             "dev_best": evolved.best_dev,
             "budget": evolved.budget,
         },
+        "plan": _plan(r, task_plan),
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round),
         "failed_rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round, backend_failed=True),
         "selected": len(selection.items),
+        "selection": _selection(r, evolved, selection),
         "selection_id": selection.id,
         "promoted": bool(record and record.status == "promoted"),
         "adapter": record.ref if record else None,
@@ -61,6 +65,7 @@ def write_report(
         c = test.cells
         report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
         report["eval_ci"] = {name: list(c[name].ci) for name in CELLS}
+        report["eval_tiers"] = test.tiers
         report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci)}
         report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci)}
         report["retention"] = {"test": test.retention, "dev": dev.retention}
@@ -75,10 +80,54 @@ def write_report(
             "cells": {k: v.mean for k, v in dev.cells.items()},
             "n_tasks": dev.cells["base_original"].n,
             "guard": dev.guard.model_dump() | {"drop": dev.guard.drop} if dev.guard else None,
+            "tiers": dev.tiers,
         }
     r.run_dir.mkdir(parents=True, exist_ok=True)
     (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def _plan(r: Round, task_plan: TaskPlan | None) -> dict[str, Any] | None:
+    """What the round worked on: tiers in play, the frontier, and the tiers of its drawn train tasks."""
+    if task_plan is None:
+        return None
+    drawn = task_plan.train[: max(r.config.evolve.train_tasks, r.config.select.train_tasks)]
+    tier_of = {t.id: str(t.tier) for t in r.bench.env.tasks("train")}
+    counts: dict[str, int] = {}
+    for task_id in drawn:
+        counts[tier_of[task_id]] = counts.get(tier_of[task_id], 0) + 1
+    frontier = set(task_plan.frontier)
+    return {
+        "tiers": task_plan.tiers,
+        "dev_scores": task_plan.dev_scores,
+        "pool": len(task_plan.pool),
+        "frontier": len(task_plan.frontier),
+        "drawn_from_frontier": sum(i in frontier for i in drawn),
+        "drawn_per_tier": dict(sorted(counts.items())),
+        "why": task_plan.why,
+    }
+
+
+def _selection(r: Round, evolved: EvolveResult, selection: Selection) -> dict[str, Any]:
+    """Where the kept rollouts came from: the search's configs or best-of-k samples, and the tiers of their tasks."""
+    searched = {c.hcp_id for c in evolved.candidates}
+    tier_of = {t.id: str(t.tier) for t in r.bench.env.tasks("train")}
+    per_tier: dict[str, int] = {}
+    for item in selection.items:
+        per_tier[tier_of[item.task_id]] = per_tier.get(tier_of[item.task_id], 0) + 1
+    by_id = {c.hcp_id: c for c in evolved.candidates if c.parents}  # a config's proposal, not its re-score
+    lineage, at, seen = [], by_id.get(evolved.best.id), set()
+    while at is not None and at.hcp_id not in seen:  # the mutators that made the best config, first one first
+        seen.add(at.hcp_id)
+        lineage.insert(0, at.mutator)
+        at = by_id.get(at.parents[0])
+    return {
+        "items": len(selection.items),
+        "from_search": sum(i.hcp_id in searched for i in selection.items),
+        "from_samples": sum(i.hcp_id not in searched for i in selection.items),
+        "per_tier": dict(sorted(per_tier.items())),
+        "best_lineage": lineage,
+    }
 
 
 def round_row(report: dict[str, Any]) -> dict[str, Any]:
@@ -86,10 +135,15 @@ def round_row(report: dict[str, Any]) -> dict[str, Any]:
     return {
         "round": report["round"],
         "adapter": report["adapter"],
+        "live_adapter": report.get("live_adapter"),
         "promoted": report["promoted"],
         "decision": report.get("gate", {}).get("decision", "nothing selected"),
         "eval": report.get("eval"),
         "eval_ci": report.get("eval_ci"),
+        "tiers": report.get("eval_tiers"),
+        "plan": report.get("plan"),
+        "selected": report.get("selected"),
+        "selection": report.get("selection"),
         "gain": report.get("gain"),
         "retention": report.get("retention"),
         "prompt_tokens": report.get("prompt_tokens"),

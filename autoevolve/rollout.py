@@ -45,12 +45,14 @@ def rollout(
     stage: str = "evolve",
     round: int = 0,
     seed: int = 0,
+    first_sample: int = 0,
 ) -> list[Trajectory]:
-    """Roll out every task ``samples`` times; returns one trajectory per (task, sample), in input order."""
+    """Roll out every task ``samples`` times (sample indices from ``first_sample``); one trajectory per (task,
+    sample), in input order."""
     runs = [
         _Run(task=t, sample=s, episode=env.start(t), messages=[Message(role="user", content=t.request)])
         for t in tasks
-        for s in range(samples)
+        for s in range(first_sample, first_sample + samples)
     ]
     cache_key = uuid.uuid4().hex  # this batch's episodes may reuse each other's computed prompts, nothing else
     for step in range(hcp.scaffold.max_steps):

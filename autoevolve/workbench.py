@@ -42,9 +42,20 @@ class Workbench:
     progress: Progress | None = field(default=print_progress)
 
     def rollouts(
-        self, hcp: HCPConfig, tasks: list[Task], adapter: str = "", stage: str = "evolve", samples: int = 1
+        self,
+        hcp: HCPConfig,
+        tasks: list[Task],
+        adapter: str = "",
+        stage: str = "evolve",
+        samples: int = 1,
+        first_sample: int = 0,
     ) -> list[Trajectory]:
-        """Trajectories of ``tasks`` under a config and adapter: stored ones reused, missing ones generated."""
+        """Trajectories of ``tasks`` under a config and adapter: stored ones reused, missing ones generated.
+
+        Samples are numbered from ``first_sample`` (a sample's index seeds its decoding): a later round that wants
+        new samples of the same config asks for higher numbers.
+        """
+        wanted = range(first_sample, first_sample + samples)
         self.store.put_hcp(hcp.id, hcp.name, hcp.model_dump(mode="json"))
         stored = {
             (t.task_id, t.sample): t
@@ -52,7 +63,7 @@ class Workbench:
                 self.run_id, hcp_id=hcp.id, adapter=adapter, task_ids=[t.id for t in tasks]
             )
         }
-        todo = [t for t in tasks if any((t.id, s) not in stored for s in range(samples))]
+        todo = [t for t in tasks if any((t.id, s) not in stored for s in wanted)]
         label = f"{stage} {hcp.id}{'+' + adapter if adapter else ''}"
         for start in range(0, len(todo), self.chunk):
             batch = todo[start : start + self.chunk]
@@ -67,12 +78,13 @@ class Workbench:
                 stage=stage,
                 round=self.round,
                 seed=self.seed,
+                first_sample=first_sample,
             )
             self.store.put_trajectories(made)  # written per chunk: a crash loses at most one chunk
             stored.update({(t.task_id, t.sample): t for t in made})
             if self.progress:
                 self.progress(label, min(start + self.chunk, len(todo)), len(todo))
-        return [stored[(t.id, s)] for t in tasks for s in range(samples)]
+        return [stored[(t.id, s)] for t in tasks for s in wanted]
 
 
 def mean(values: list[float]) -> float:

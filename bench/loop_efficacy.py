@@ -1,79 +1,177 @@
-"""Does the loop compound? Run configs/loop.yaml (three rounds) and print one row per round from its rounds.json.
+"""Does the loop compound? Run configs/loop.yaml (three rounds) and print per round and per tier what it did.
 
-Per round: the gate's decision, the test score of the new adapter with the original config, the test score of
-the adapter that serves after the round (the new one if promoted, else the previous one), retention, the prompt
-tokens of the original and the best evolved config, rollouts and training seconds. Below the table, the three
-acceptance checks: the served adapter's test score never goes down, round 1 retention >= 1.0, and the served
-prompt is at least 50% shorter than the best evolved one.
+Per round: the gate's decision; the test 2x2 (A_r / A_{r+1} x original / best evolved config); the served expert's
+test score under the original config (A_{r+1} if promoted, else A_r) with the paired gain over the expert served
+before the round and its 95% interval (the same test tasks, task by task, from the store); retention; prompt
+tokens; the tiers in play; where the kept rollouts came from (search or best-of-k samples); rollouts and training
+seconds. A round that trained nothing shows no score. Per tier: the served expert's test score after each round.
+
+The checks are strict (each prints its numbers, then PASS or FAIL): every round promoted, and its served expert
+above the previous one with the paired interval above zero (a flat round fails); after the last round tier 1
+>= 0.85 and tier 2 >= 0.40 with the original short prompt; no tier drops by more than 0.05 from a round to the next.
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/loop_efficacy.py
-     (30-50 minutes on 2 CPU cores; --table RUN_DIR prints the table of a finished run without running)
+     (--table RUN_DIR prints the tables of a finished run without running; the store is read for the pairs)
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TIER_BARS = {"1": 0.85, "2": 0.40}  # the served expert after the last round, original config, test
+MAX_TIER_DROP = 0.05
 
 
-def served_score(row: dict[str, Any]) -> float:
-    """Test score of the adapter serving after the round: the new one if promoted, else the one before it."""
-    cells = row["eval"]
-    return cells["adapter_original"] if row["promoted"] else cells["base_original"]
+Pair = tuple[list[float], list[float]]
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    """The per-round table and the acceptance checks, as text."""
+def served_rewards(config: Any, rows: list[dict[str, Any]]) -> list[Pair | None]:
+    """Per round: per-test-task rewards under the original config of the expert served before the round (A_r) and
+    after it (A_{r+1} if promoted, else A_r), read from the store; None where the round trained nothing."""
+    from autoevolve.envs import make_env
+    from autoevolve.store import Store
+
+    ids = [t.id for t in make_env(config.env.name, **config.env.options()).tasks("test")[: config.gate.test_tasks]]
+    original = config.original_hcp().id
+    out: list[Pair | None] = []
+    with Store(config.store, read_only=True) as store:
+
+        def rewards(adapter: str) -> list[float]:
+            found = store.trajectories(config.run_id, hcp_id=original, adapter=adapter, task_ids=ids)
+            by_task = {t.task_id: t.reward for t in found if t.sample == 0}
+            return [by_task[i] for i in ids]
+
+        for row in rows:
+            if row["eval"] is None:
+                out.append(None)
+                continue
+            live = row["live_adapter"] or ""
+            out.append((rewards(live), rewards(row["adapter"] if row["promoted"] else live)))
+    return out
+
+
+def paired_gain(after: list[float], before: list[float], seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Mean of after - before over the same tasks, and its 95% bootstrap interval (the gate's own)."""
+    from autoevolve.evaluate import bootstrap_ci
+
+    diffs = [a - b for a, b in zip(after, before, strict=True)]
+    return sum(diffs) / len(diffs), bootstrap_ci(diffs, seed)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def table(rows: list[dict[str, Any]], served: list[Pair | None]) -> list[str]:
+    """One line per round."""
     head = (
-        f"{'round':>5} {'decision':>17} {'new+orig':>9} {'served+orig':>12} {'retention':>10} "
-        f"{'tokens orig':>12} {'tokens evolved':>15} {'shorter':>8} {'rollouts':>9} {'train s':>8}"
+        f"{'round':>5} {'decision':>12} {'tiers':>6} {'A_r+orig':>9} {'A_r+evol':>9} {'new+orig':>9} {'new+evol':>9} "
+        f"{'served':>7} {'gain over A_r [95% CI]':>26} {'retention':>9} {'tokens o/e':>11} {'kept s/k':>9} "
+        f"{'rollouts':>8} {'train s':>7}"
     )
-    lines, served = [head], None
-    for row in rows:
-        if row["eval"] is None:  # no adapter trained: the one serving before still serves
-            kept = "-" if served is None else f"{served:.3f}"
+    lines = [head]
+    for row, pair in zip(rows, served, strict=True):
+        tiers = ",".join(str(t) for t in (row.get("plan") or {}).get("tiers", [])) or "-"
+        origin = row.get("selection") or {}
+        kept = f"{origin.get('from_search', '-')}/{origin.get('from_samples', '-')}"
+        if pair is None:
             lines.append(
-                f"{row['round']:>5} {row['decision']:>17} {'-':>9} {kept:>12} {'-':>10} {'':>12} {'':>15}"
-                f" {'':>8} {row['rollouts']:>9} {'-':>8}"
+                f"{row['round']:>5} {row['decision']:>12} {tiers:>6} {'-':>9} {'-':>9} {'-':>9} {'-':>9} {'-':>7} "
+                f"{'-':>26} {'-':>9} {'-':>11} {kept:>9} {row['rollouts']:>8} {'-':>7}"
             )
             continue
-        served = served_score(row)
-        tokens = row["prompt_tokens"]
-        shorter = 1 - tokens["original"] / tokens["evolved"]
-        kept = row["retention"]["test"]
+        e, tokens, kept_share = row["eval"], row["prompt_tokens"], row["retention"]["test"]
+        g, (lo, hi) = paired_gain(pair[1], pair[0])
+        toks = f"{tokens['original']:.0f}/{tokens['evolved']:.0f}"
         lines.append(
-            f"{row['round']:>5} {row['decision']:>17} {row['eval']['adapter_original']:>9.3f} "
-            f"{served:>12.3f} {'-' if kept is None else f'{kept:.2f}':>10} {tokens['original']:>12.0f} "
-            f"{tokens['evolved']:>15.0f} {shorter:>8.0%} {row['rollouts']:>9} {row['train_seconds'] or 0:>8.0f}"
+            f"{row['round']:>5} {row['decision']:>12} {tiers:>6} {e['base_original']:>9.3f} {e['base_evolved']:>9.3f} "
+            f"{e['adapter_original']:>9.3f} {e['adapter_evolved']:>9.3f} {_mean(pair[1]):>7.3f} "
+            f"{f'{g:+.3f} [{lo:+.3f}, {hi:+.3f}]':>26} {'-' if kept_share is None else f'{kept_share:.2f}':>9} "
+            f"{toks:>11} {kept:>9} {row['rollouts']:>8} "
+            f"{row['train_seconds'] or 0:>7.0f}"
         )
-    return "\n".join(lines + [""] + checks(rows))
+    return lines
 
 
-def checks(rows: list[dict[str, Any]]) -> list[str]:
+def tier_scores(config: Any, served: list[Pair | None]) -> dict[str, list[float | None]]:
+    """Per test tier: the served expert's score before the first round, then after each round (None: no score)."""
+    from autoevolve.envs import make_env
+
+    tasks = make_env(config.env.name, **config.env.options()).tasks("test")[: config.gate.test_tasks]
+    first = next((p for p in served if p is not None), None)
+    series = [first[0] if first else None] + [p[1] if p else None for p in served]
+    out: dict[str, list[float | None]] = {}
+    for tier in sorted({str(t.tier) for t in tasks}):
+        at = [i for i, t in enumerate(tasks) if str(t.tier) == tier]
+        out[tier] = [None if s is None else _mean([s[i] for i in at]) for s in series]
+    return out
+
+
+def tier_table(rows: list[dict[str, Any]], scores: dict[str, list[float | None]], counts: dict[str, int]) -> list[str]:
+    """The served expert's test score per tier, before round 0 and after each round."""
+    lines = [f"{'tier':>4} {'tasks':>5} {'start':>7} " + " ".join(f"{'after ' + str(r['round']):>8}" for r in rows)]
+    for tier, series in scores.items():
+        cells = " ".join(f"{'-' if s is None else f'{s:.3f}':>8}" for s in series)
+        lines.append(f"{tier:>4} {counts[tier]:>5} {cells}")
+    return lines
+
+
+def checks(rows: list[dict[str, Any]], served: list[Pair | None], scores: dict[str, list[float | None]]) -> list[str]:
     """The acceptance checks, each with its numbers and PASS or FAIL."""
-    trained = [r for r in rows if r["eval"] is not None]
-    if not trained:
-        return ["no round trained an adapter: nothing to check"]
-    start = trained[0]["eval"]["base_original"]
-    served = [start] + [served_score(r) for r in trained]
-    steady = all(b >= a for a, b in itertools.pairwise(served))
-    first = trained[0]["retention"]["test"]
-    tokens = trained[0]["prompt_tokens"]
-    shorter = 1 - tokens["original"] / tokens["evolved"]
     verdict = {True: "PASS", False: "FAIL"}
-    return [
-        f"served adapter + original, test: {' -> '.join(f'{s:.3f}' for s in served)}  never down: {verdict[steady]}",
-        f"first round's retention: {'-' if first is None else f'{first:.2f}'}  >= 1.0: "
-        f"{verdict[first is not None and first >= 1.0]}",
-        f"served prompt {tokens['original']:.0f} vs best evolved {tokens['evolved']:.0f} tokens: {shorter:.0%} "
-        f"shorter  >= 50%: {verdict[shorter >= 0.5]}",
+    out = []
+    for row, pair in zip(rows, served, strict=True):
+        if pair is None:
+            out.append(f"round {row['round']}: {row['decision']}, nothing trained, no score  rises: FAIL")
+            continue
+        g, (lo, hi) = paired_gain(pair[1], pair[0])
+        ok = row["promoted"] and lo > 0
+        out.append(
+            f"round {row['round']}: {row['decision']}, served {_mean(pair[0]):.3f} -> {_mean(pair[1]):.3f}, gain "
+            f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]  promoted and interval above 0: {verdict[ok]}"
+        )
+    for tier, bar in TIER_BARS.items():
+        final = scores.get(tier, [None])[-1]
+        shown = "-" if final is None else f"{final:.3f}"
+        out.append(
+            f"tier {tier} after the last round: {shown}  >= {bar:.2f}: {verdict[final is not None and final >= bar]}"
+        )
+    drops = [
+        (a - b, tier)
+        for tier, series in scores.items()
+        for a, b in zip(series, series[1:], strict=False)
+        if a is not None and b is not None
     ]
+    if drops:
+        drop, tier = max(drops)
+        out.append(
+            f"largest drop of a tier from a round to the next: tier {tier} {max(drop, 0.0):.3f}  <= "
+            f"{MAX_TIER_DROP:.2f}: {verdict[drop <= MAX_TIER_DROP + 1e-9]}"
+        )
+    return out
+
+
+def drivers(rows: list[dict[str, Any]]) -> list[str]:
+    """What each round worked on and kept, from its report (the plan and the selection's origin)."""
+    out = []
+    for row in rows:
+        plan, sel = row.get("plan") or {}, row.get("selection") or {}
+        out.append(
+            f"round {row['round']}: tiers {plan.get('tiers')}, dev of A_r {plan.get('dev_scores')}, frontier "
+            f"{plan.get('frontier')}/{plan.get('pool')} pool tasks, drawn {plan.get('drawn_per_tier')}; best config "
+            f"by {' -> '.join(sel.get('best_lineage') or ['(the original)'])}; kept {sel.get('items', 0)} "
+            f"({sel.get('from_search', 0)} from the search, {sel.get('from_samples', 0)} best-of-k samples; per tier "
+            f"{sel.get('per_tier')})"
+        )
+    return out
 
 
 def run(config_path: Path) -> Path:
@@ -97,13 +195,20 @@ def run(config_path: Path) -> Path:
 
 
 def main() -> None:
+    from autoevolve.config import load_config
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "loop.yaml")
-    parser.add_argument("--table", type=Path, help="print the table of a finished run folder; run nothing")
+    parser.add_argument("--table", type=Path, help="print the tables of a finished run folder; run nothing")
     args = parser.parse_args()
     run_dir = args.table or run(args.config)
+    config = load_config(args.config)
     rows = json.loads((run_dir / "rounds.json").read_text())
-    print(table(rows))
+    served = served_rewards(config, rows)
+    scores = tier_scores(config, served)
+    counts = {tier: int(v["n_tasks"]) for tier, v in next((r["tiers"] for r in rows if r.get("tiers")), {}).items()}
+    lines = table(rows, served) + [""] + tier_table(rows, scores, counts) + [""] + drivers(rows)
+    print("\n".join(lines + [""] + checks(rows, served, scores)))
 
 
 if __name__ == "__main__":

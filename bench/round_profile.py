@@ -23,10 +23,10 @@ from _shared import write_json
 from autoevolve import loop, model
 from autoevolve.config import load_config
 from autoevolve.distill import sft
+from autoevolve.loop import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 360.0
-STAGES = ("evolve", "select", "distill", "gate", "decide", "report")
 
 
 class LoadCounter:
@@ -58,7 +58,7 @@ def main() -> None:
         stats = getattr(r.bench.policy, "decoder", None)
         rows = [_row("open", 0.0, {}, {}, loads, None)]
         for stage in STAGES:
-            if stage != "evolve" and stage != "select" and not loop.result(r, "select").items:
+            if stage not in ("plan", "evolve", "select") and not loop.result(r, "select").items:
                 break
             before, loaded = _stats(stats), (loads.count, loads.seconds)
             loop.run_stage(r, stage)

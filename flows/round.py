@@ -46,6 +46,12 @@ policy_stage = task(cache_policy=NONE, retries=2, retry_delay_seconds=30, tags=[
 
 
 @policy_stage
+def plan_stage(r: loop.Round):
+    """The round's tasks: tiers in play and train tasks from the live adapter's frontier."""
+    return loop.run_stage(r, "plan")
+
+
+@policy_stage
 def evolve_stage(r: loop.Round):
     """Stage 1: prompt evolution."""
     return loop.run_stage(r, "evolve")
@@ -141,7 +147,7 @@ def report_stage(r: loop.Round):
 
 @flow(name="autoevolve-round")
 def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
-    """One round: evolve -> select -> distil -> gate -> decide -> report; a crashed round resumes where it stopped."""
+    """One round: plan, evolve, select, distil, gate, decide, report; a crashed round resumes where it stopped."""
     r = loop.open_round(config, round=round)
     r.bench.progress = RolloutProgress(f"{artifact_key(r)}-progress", r.bench.progress)
     try:
@@ -149,6 +155,7 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
         if done is not None:
             print(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
             return done
+        plan_stage(r)
         evolve_stage(r)
         selection = select_stage(r)
         if selection.items:

@@ -28,6 +28,12 @@ def run_one(config: RunConfig, stage: str, round: int) -> dict[str, Any]:
     return found[0]
 
 
+@flow(name="autoevolve-plan")
+def plan_flow(config: RunConfig, round: int) -> dict[str, Any]:
+    """A round's task plan on its own (stage 1 makes it too when it has not been made)."""
+    return run_one(config, "plan", round)
+
+
 @flow(name="autoevolve-evolve")
 def evolve_flow(config: RunConfig, round: int) -> dict[str, Any]:
     """Stage 1 of a round on its own: prompt evolution."""
@@ -59,6 +65,7 @@ def report_flow(config: RunConfig, round: int) -> dict[str, Any]:
 
 
 STAGE_FLOWS = {
+    "plan": plan_flow,
     "evolve": evolve_flow,
     "select": select_flow,
     "distill": distill_flow,

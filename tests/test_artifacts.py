@@ -229,4 +229,4 @@ def test_a_tag_concurrency_limit_holds_a_slot_while_a_policy_stage_runs(
         with get_client(sync_client=True) as client:
             client.delete_concurrency_limit_by_tag(POLICY_TAG)
     # Each policy stage ran holding the one slot, and gave it back: the next one could take it.
-    assert seen == [("evolve", 1), ("select", 1)] and after == 0
+    assert seen == [("plan", 1), ("evolve", 1), ("select", 1)] and after == 0

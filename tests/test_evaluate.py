@@ -105,3 +105,31 @@ def test_a_guard_set_that_drops_beyond_tolerance_turns_a_promotion_into_a_reject
     assert guarded.decision == decision and guarded.guard == guard
     drop = "+0.250, tolerance 0.100 exceeded" if decision == "reject" else "+0.000, tolerance 0.100"
     assert guarded.reason.endswith(f"; guard (life tiers 2, 4 tasks): 1.000 -> {guard.candidate:.3f}, drop {drop}")
+
+
+def test_a_tier_that_drops_beyond_the_tolerance_rejects_a_gain(tmp_path) -> None:
+    env = LifeEnv(tiers=(1, 2))
+    tasks = env.tasks("dev")[:16]  # tiers interleave: 1, 2, 1, 2, ...
+    before = [1.0 if t.tier == 2 else 0.0 for t in tasks]  # A_r solves tier 2 only
+    after = [1.0 if t.tier == 1 else 0.75 for t in tasks]  # the candidate learns tier 1 and loses a little of 2
+    with Store(tmp_path / "s.duckdb") as store:
+        for adapter, rewards in (("", before), ("L1@v2", after)):
+            for hcp in (ORIGINAL, ORIGINAL.model_copy(update={"tool_format": "python"})):
+                _put(store, tasks, adapter, hcp, rewards)
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        evolved = ORIGINAL.model_copy(update={"tool_format": "python"})
+        loose = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks, tier_tolerance=0.3)
+        strict = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks, tier_tolerance=0.2)
+        plain = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks)
+    cells = ("base_original", "base_evolved", "adapter_original", "adapter_evolved")
+    assert (
+        loose.tiers
+        == strict.tiers
+        == {
+            "1": dict(zip(cells, [0.0, 0.0, 1.0, 1.0], strict=True)) | {"n_tasks": 8},
+            "2": dict(zip(cells, [1.0, 1.0, 0.75, 0.75], strict=True)) | {"n_tasks": 8},
+        }
+    )
+    assert plain.decision == loose.decision == "promote" and strict.decision == "reject"
+    drops = "; per tier: tier 1 +1.000, tier 2 -0.250 (tolerance 0.200): tier 2 dropped beyond it"
+    assert strict.reason.endswith(drops)

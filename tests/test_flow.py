@@ -35,7 +35,7 @@ def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, 
     report = round_flow(_tiny_config(tmp_path, tiny_model_dir))
     assert report["selected"] == 0 and report["adapter"] is None and "eval" not in report
     assert [c["mutator"] for c in report["candidates"]] == ["seed", "tool_format"]
-    assert set(report["seconds"]) == {"evolve", "select"}
+    assert set(report["seconds"]) == {"plan", "evolve", "select"}
     on_disk = json.loads((tmp_path / "runs" / "tiny" / "report.json").read_text())
     assert on_disk == report
     with Store(tmp_path / "s.duckdb", read_only=True) as store:

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from autoevolve import loop
 from autoevolve.config import load_config
+from autoevolve.evolve import train_tasks
 from autoevolve.records import Candidate, Trajectory
 from autoevolve.store import TRAJ_KEY, Store
 from tests.test_select import NoCalls
@@ -115,7 +116,7 @@ def test_a_round_killed_during_stage_one_resumes_without_losing_or_redoing_rollo
     before = _rows(tmp_path / "killed" / "s.duckdb")
     assert 0 < len(before) < len(_rows(tmp_path / "whole" / "s.duckdb"))
     with Store(tmp_path / "killed" / "s.duckdb", read_only=True) as store:
-        assert {s for _, s in store.finished_stages("resume")} == {"start"}  # no stage had finished
+        assert {s for _, s in store.finished_stages("resume")} == {"start", "plan"}  # stage 1 had not finished
 
     code, log = _run(["autoevolve.cli", "run", str(killed)])
     assert code == 0
@@ -146,7 +147,7 @@ def _prepared_store(config_path: Path) -> None:
         evolved = original.model_copy(
             update={"name": "evolved", "system_prompt": original.system_prompt + "\nBe brief."}
         )
-        tasks = loop.train_tasks(env, config.select.train_tasks, config.seed)
+        tasks = train_tasks(env, config.select.train_tasks, config.seed)
         store = r.bench.store
         for hcp, reward in ((original, 0.0), (evolved, 1.0)):
             store.put_hcp(hcp.id, hcp.name, hcp.model_dump(mode="json"))

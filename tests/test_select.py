@@ -121,3 +121,23 @@ def test_no_tier_dominates_the_selection(tmp_path) -> None:
     assert len(free.items) == 5
     # Tier 2 kept one item, so tier 1 keeps 2: the two largest gains (baseline 0.0, not 0.5).
     assert sorted(i.task_id for i in capped.items) == sorted([ones[1].id, ones[3].id, two.id])
+
+
+def test_best_of_samples_win_one_by_one_on_unsolved_tasks_with_new_numbers_each_round(tmp_path) -> None:
+    env = LifeEnv(tiers=(1,))
+    t0, t1 = env.tasks("train")[:2]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    best = original.model_copy(update={"tool_format": "python"})
+    sampled = best.model_copy(update={"sampling": best.sampling.model_copy(update={"temperature": 0.7})})
+    with Store(tmp_path / "s.duckdb") as store:
+        _put(store, original, t0.id, [0.0])
+        _put(store, original, t1.id, [1.0])  # solved: no sample can beat it, none is asked for
+        _put(store, best, t0.id, [0.0])
+        _put(store, best, t1.id, [1.0])
+        # Round 1 of best-of-2 asks for samples 2 and 3 (round 0 had 0 and 1); only 3 solves the task.
+        _put(store, sampled, t0.id, [1.0, 1.0, 0.0, 1.0], texts=["r0-a", "r0-b", "r1-a", "r1-b"])
+        bench = Workbench(NoCalls(), env, store, run_id="r", round=1, progress=None)
+        selection = select(bench, original, [best], [t0, t1], sampled=sampled, best_of=2, min_reward=1.0)
+    assert [(i.task_id, i.hcp_id, i.sample, i.baseline_reward) for i in selection.items] == [
+        (t0.id, sampled.id, 3, 0.0)
+    ]

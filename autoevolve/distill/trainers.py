@@ -4,12 +4,14 @@
 - ``dpo``: (kept rollout, the original config's failed rollout on the same task), both under the original config.
 - ``grpo``: on-policy RL on the selected tasks under the original config, the environment's score as the reward.
 
-Every trainer continues from the live adapter A_r when there is one and returns a ``TrainResult``.
+Every trainer continues from the live adapter A_r when there is one (unless ``distill.init`` is ``base``), trains on
+the round's selection and the replayed ones that trained A_r's lineage (a task in several: its newest win), and
+returns a ``TrainResult``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -34,10 +36,20 @@ class DistillJob:
     model_name: str
     out_dir: Path
     init_adapter: str | None = None  # A_r's folder; None: a fresh LoRA
+    replay: list[Selection] = field(default_factory=list)  # earlier rounds' selections, newest first
 
     def tasks(self) -> dict[str, Task]:
         """The environment's train tasks by id (every selection item is one of them)."""
         return {t.id: t for t in self.bench.env.tasks("train")}
+
+    def selections(self) -> list[Selection]:
+        """What to train on: the round's selection, then the replayed ones with the tasks it already holds removed."""
+        out, seen = [], set()
+        for sel in [self.selection, *self.replay]:
+            items = [i for i in sel.items if i.task_id not in seen and i.task_id in self.tasks()]
+            seen |= {i.task_id for i in items}
+            out.append(sel.model_copy(update={"items": items}))
+        return out
 
 
 class Trainer(Protocol):
@@ -48,21 +60,24 @@ class Trainer(Protocol):
 
 def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA SFT on the kept rollouts."""
-    examples = render_examples(selected_trajectories(job.bench, job.selection), job.tasks(), job.original)
+    kept = [t for sel in job.selections() for t in selected_trajectories(job.bench, sel)]
+    examples = render_examples(kept, job.tasks(), job.original)
     tools = native_tools(job.original)
     return train_sft(examples, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, tools=tools)
 
 
 def dpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA DPO on (kept rollout, the original's failed rollout) pairs."""
-    rows = preference_examples(preference_pairs(job.bench, job.selection), job.tasks(), job.original)
+    pairs = [p for sel in job.selections() for p in preference_pairs(job.bench, sel)]
+    rows = preference_examples(pairs, job.tasks(), job.original)
     return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter)
 
 
 def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA GRPO on the tasks the evolved configs won: where the original config still has most to learn."""
     by_id = job.tasks()
-    tasks = [by_id[task_id] for task_id in dict.fromkeys(item.task_id for item in job.selection.items)]
+    won = dict.fromkeys(item.task_id for sel in job.selections() for item in sel.items)
+    tasks = [by_id[task_id] for task_id in won]
     env = job.bench.env
     return train_grpo(tasks, env, job.original, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter)
 

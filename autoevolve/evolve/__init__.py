@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoevolve.config import EvolveSettings
+from autoevolve.curriculum import seeded_train
 from autoevolve.envs import Environment
 from autoevolve.evolve.budget import Budget
 from autoevolve.evolve.mutators import Evidence, Merge, Mutator, ProposalError, approx_tokens, keep_frozen
@@ -46,10 +47,8 @@ class EvolveResult:
 
 
 def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
-    """The first n train tasks of a seeded shuffle: a smaller n gives a subset of a larger one's tasks."""
-    pool = list(env.tasks("train"))
-    random.Random(seed).shuffle(pool)
-    return sorted(pool[:n], key=lambda t: t.id)
+    """The first n train tasks of a seeded shuffle, sorted by id: a smaller n gives a subset of a larger one's."""
+    return sorted(seeded_train(env, n, seed), key=lambda t: t.id)
 
 
 def evolve(

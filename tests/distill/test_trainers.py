@@ -12,7 +12,7 @@ from autoevolve.config import DistillSettings
 from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
-from autoevolve.records import Message, Trajectory
+from autoevolve.records import Message, SelectedTrajectory, Selection, Trajectory
 from autoevolve.select import select
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
@@ -59,3 +59,66 @@ def test_each_trainer_trains_on_the_selection_and_continues_from_the_live_adapte
     assert json.loads((Path(second.path) / "adapter_config.json").read_text())["r"] == 4  # the init adapter's rank
     v1, v2 = _adapter(first.path), _adapter(second.path)
     assert v1.keys() == v2.keys() and all((v1[k] - v2[k]).abs().max() < 1e-4 for k in v1)  # started from v1
+
+
+def test_replayed_selections_train_too_and_a_task_keeps_only_its_newest_win(tmp_path: Path) -> None:
+    env = LifeEnv(tiers=(1,))
+    t0, t1, t2 = env.tasks("train")[:3]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+
+    def selection(round: int, tasks) -> Selection:  # noqa: ANN001
+        won = {"hcp_id": f"h{round}", "adapter": "", "sample": 0, "reward": 1.0}
+        lost = {"baseline_hcp_id": "o", "baseline_sample": 0, "baseline_reward": 0.0}
+        items = [SelectedTrajectory(task_id=t.id, **won, **lost) for t in tasks]
+        return Selection(
+            id=f"s{round}", run_id="r", round=round, baseline_hcp_id="o", evolved_hcp_id="e", adapter="", items=items
+        )
+
+    now, before, first = selection(2, [t1]), selection(1, [t0, t1]), selection(0, [t1, t2])
+    with Store(tmp_path / "s.duckdb") as store:
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        job = DistillJob(bench, now, original, "m", tmp_path / "v3", replay=[before, first])
+        kept = job.selections()
+    assert [(s.id, [(i.task_id, i.hcp_id) for i in s.items]) for s in kept] == [
+        ("s2", [(t1.id, "h2")]),
+        ("s1", [(t0.id, "h1")]),  # t1's older win is dropped: the newest one trains
+        ("s0", [(t2.id, "h0")]),
+    ]
+
+
+def test_the_live_adapters_lineage_gives_its_selections_newest_first(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from autoevolve.loop import lineage_selections
+    from autoevolve.records import AdapterRecord
+
+    with Store(tmp_path / "s.duckdb") as store:
+        for round in (0, 1):
+            store.put_selection(
+                Selection(
+                    id=f"s{round}",
+                    run_id="r",
+                    round=round,
+                    baseline_hcp_id="o",
+                    evolved_hcp_id="e",
+                    adapter="",
+                    items=[],
+                )
+            )
+        made = [
+            AdapterRecord(
+                name="L1",
+                version=v,
+                base_model="m",
+                path=f"/a/{v}",
+                hcp_id="o",
+                parent_version=v - 1 or None,
+                selection_id=sel,
+            )
+            for v, sel in ((1, "s0"), (2, "s1"), (3, ""))  # v3: trained from a selection-less import
+        ]
+        for record in made:
+            store.put_adapter(record)
+        r = SimpleNamespace(base_adapter=made[2], bench=SimpleNamespace(store=store))
+        assert [s.id for s in lineage_selections(r)] == ["s1", "s0"]
+        assert lineage_selections(SimpleNamespace(base_adapter=None, bench=r.bench)) == []
