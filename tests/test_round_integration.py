@@ -84,6 +84,7 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
     on_disk = json.loads((tmp_path / "runs" / "it-round" / "report.json").read_text())
     assert set(on_disk["eval"]) >= {"base_original", "base_evolved", "adapter_original", "adapter_evolved", "n_tasks"}
     assert on_disk["eval"]["n_tasks"] == 8 and set(on_disk["seconds"]) == {
+        "plan",
         "evolve",
         "select",
         "distill",
