@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +94,7 @@ def _plan(r: Round, task_plan: TaskPlan | None) -> dict[str, Any] | None:
         return None
     drawn = task_plan.train[: max(r.config.evolve.train_tasks, r.config.select.train_tasks)]
     tier_of = {t.id: str(t.tier) for t in r.bench.env.tasks("train")}
-    counts: dict[str, int] = {}
-    for task_id in drawn:
-        counts[tier_of[task_id]] = counts.get(tier_of[task_id], 0) + 1
+    counts = Counter(tier_of[task_id] for task_id in drawn)
     frontier = set(task_plan.frontier)
     return {
         "tiers": task_plan.tiers,
@@ -112,9 +111,7 @@ def _selection(r: Round, evolved: EvolveResult, selection: Selection) -> dict[st
     """Where the kept rollouts came from: the search's configs or best-of-k samples, and the tiers of their tasks."""
     searched = {c.hcp_id for c in evolved.candidates}
     tier_of = {t.id: str(t.tier) for t in r.bench.env.tasks("train")}
-    per_tier: dict[str, int] = {}
-    for item in selection.items:
-        per_tier[tier_of[item.task_id]] = per_tier.get(tier_of[item.task_id], 0) + 1
+    per_tier = Counter(tier_of[item.task_id] for item in selection.items)
     by_id = {c.hcp_id: c for c in evolved.candidates if c.parents}  # a config's proposal, not its re-score
     lineage, at, seen = [], by_id.get(evolved.best.id), set()
     while at is not None and at.hcp_id not in seen:  # the mutators that made the best config, first one first

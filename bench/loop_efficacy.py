@@ -159,13 +159,17 @@ def checks(rows: list[dict[str, Any]], served: list[Pair | None], scores: dict[s
     return out
 
 
+def _rounded(scores: dict[str, float] | None) -> dict[str, float] | None:
+    return None if scores is None else {k: round(v, 3) for k, v in scores.items()}
+
+
 def drivers(rows: list[dict[str, Any]]) -> list[str]:
     """What each round worked on and kept, from its report (the plan and the selection's origin)."""
     out = []
     for row in rows:
         plan, sel = row.get("plan") or {}, row.get("selection") or {}
         out.append(
-            f"round {row['round']}: tiers {plan.get('tiers')}, dev of A_r {plan.get('dev_scores')}, frontier "
+            f"round {row['round']}: tiers {plan.get('tiers')}, dev of A_r {_rounded(plan.get('dev_scores'))}, frontier "
             f"{plan.get('frontier')}/{plan.get('pool')} pool tasks, drawn {plan.get('drawn_per_tier')}; best config "
             f"by {' -> '.join(sel.get('best_lineage') or ['(the original)'])}; kept {sel.get('items', 0)} "
             f"({sel.get('from_search', 0)} from the search, {sel.get('from_samples', 0)} best-of-k samples; per tier "

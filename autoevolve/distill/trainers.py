@@ -44,9 +44,9 @@ class DistillJob:
 
     def selections(self) -> list[Selection]:
         """What to train on: the round's selection, then the replayed ones with the tasks it already holds removed."""
-        out, seen = [], set()
+        out, seen, train = [], set(), self.tasks()
         for sel in [self.selection, *self.replay]:
-            items = [i for i in sel.items if i.task_id not in seen and i.task_id in self.tasks()]
+            items = [i for i in sel.items if i.task_id not in seen and i.task_id in train]
             seen |= {i.task_id for i in items}
             out.append(sel.model_copy(update={"items": items}))
         return out
