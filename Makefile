@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-gepa bench-loop
+.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-gepa bench-loop bench-baselines
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -52,3 +52,6 @@ bench-gepa: install  # about 15 minutes on 2 cores
 
 bench-loop: install  # three rounds of configs/loop.yaml, about 70 minutes on 2 cores
 	$(PY) bench/loop_efficacy.py
+
+bench-baselines: install  # the quickstart round beside SFT on its references, RFT, the loop without labels; 3 seeds
+	$(PY) bench/baselines.py --seeds 0 1 2

@@ -133,6 +133,11 @@ class EvolveSettings(Section):
         default=["nearest_last"],
         description="Where the most similar demo goes; a demo set draws one (nearest_first scored 0/8 vs 4/8 at 135M).",
     )
+    references: bool = Field(
+        default=True,
+        description="Let the demos mutator top up with the environment's labelled solutions of train tasks; false: "
+        "demos only from the model's own full-reward rollouts (a deployment with rewards but no labels).",
+    )
     frozen: list[str] = Field(default_factory=list, description="HCP components no mutator may change.")
     max_prompt_tokens: int | None = Field(
         default=None, gt=0, description="Children whose mean first prompt is longer are discarded."

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import gepa
+from _shared import write_json
 from gepa.core.adapter import EvaluationBatch
 from gepa.core.result import GEPAResult
 
@@ -263,8 +264,7 @@ def main() -> None:
         )
     print("\n" + "\n".join(f"- {k}: {v}" for k, v in notes.items()))
     report = {"gepa": version("gepa"), "args": vars(args) | {"out": str(args.out)}, "rows": [asdict(r) for r in rows]}
-    args.out.write_text(json.dumps(report | {"notes": notes}, indent=2))
-    print(f"\nwrote {args.out}")
+    write_json(args.out, report | {"notes": notes})
 
 
 if __name__ == "__main__":

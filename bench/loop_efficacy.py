@@ -25,6 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _shared import paired_gain, write_json  # noqa: E402
 
 TIER_BARS = {"1": 0.85, "2": 0.40}  # the served expert after the last round, original config, test
 MAX_TIER_DROP = 0.05
@@ -56,14 +57,6 @@ def served_rewards(config: Any, rows: list[dict[str, Any]]) -> list[Pair | None]
             live = row["live_adapter"] or ""
             out.append((rewards(live), rewards(row["adapter"] if row["promoted"] else live)))
     return out
-
-
-def paired_gain(after: list[float], before: list[float], seed: int = 0) -> tuple[float, tuple[float, float]]:
-    """Mean of after - before over the same tasks, and its 95% bootstrap interval (the gate's own)."""
-    from autoevolve.evaluate import bootstrap_ci
-
-    diffs = [a - b for a, b in zip(after, before, strict=True)]
-    return sum(diffs) / len(diffs), bootstrap_ci(diffs, seed)
 
 
 def _mean(values: list[float]) -> float:
@@ -204,6 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "loop.yaml")
     parser.add_argument("--table", type=Path, help="print the tables of a finished run folder; run nothing")
+    parser.add_argument("--json", type=Path, help="where to write the tables (default: RUN_DIR/loop_efficacy.json)")
     args = parser.parse_args()
     run_dir = args.table or run(args.config)
     config = load_config(args.config)
@@ -212,7 +206,11 @@ def main() -> None:
     scores = tier_scores(config, served)
     counts = {tier: int(v["n_tasks"]) for tier, v in next((r["tiers"] for r in rows if r.get("tiers")), {}).items()}
     lines = table(rows, served) + [""] + tier_table(rows, scores, counts) + [""] + drivers(rows)
-    print("\n".join(lines + [""] + checks(rows, served, scores)))
+    verdicts = checks(rows, served, scores)
+    print("\n".join(lines + [""] + verdicts))
+    gains = [None if p is None else dict(zip(("gain", "ci"), paired_gain(p[1], p[0]), strict=True)) for p in served]
+    body = {"config": str(args.config), "rounds": rows, "served_gain": gains, "tiers": scores, "checks": verdicts}
+    write_json(args.json or run_dir / "loop_efficacy.json", body)
 
 
 if __name__ == "__main__":

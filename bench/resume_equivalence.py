@@ -1,8 +1,10 @@
 """Does a killed and resumed round end where an uninterrupted one does? One real round on SmolLM2-135M, twice.
 
 Run A goes through uninterrupted. Run B is killed with SIGKILL during stage 1 and again during training, and
-started again each time with the same run id. The table compares what they left: rollouts, ledger, selection,
-adapter weights, decisions and the test 2x2; the wall time of each attempt shows what the resumes saved.
+started again each time with the same run id; each kill must have landed where it was aimed (a SIGKILL exit, inside
+that stage, the stage before it finished), else the bench stops. The table compares what they left: rollouts,
+ledger, selection, adapter weights, decisions and the test 2x2; the wall time of each attempt shows what the
+resumes saved.
 
 Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/resume_equivalence.py [--workdir /tmp/resume-bench]
 """
@@ -20,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from _shared import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = """
@@ -34,6 +38,8 @@ select: {{train_tasks: 24}}
 distill: {{epochs: 2, batch_size: 4}}
 gate: {{dev_tasks: 8, test_tasks: 8}}
 """
+
+KILLS = ((" evolve ", 4, "evolve"), (" train (loss", 3, "distill"))  # (marker, its count, the stage it lands in)
 
 
 def start(config: Path, kill_after: str | None = None, count: int = 1) -> tuple[int, float]:
@@ -57,6 +63,21 @@ def start(config: Path, kill_after: str | None = None, count: int = 1) -> tuple[
         if kill_after and seen >= count and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)  # the whole machine's view of a crash: every process at once
     return proc.wait(), time.perf_counter() - started
+
+
+def landed(folder: Path, code: int, marker: str, aim: str) -> None:
+    """Check that a kill landed where it was aimed: by SIGKILL, inside stage ``aim`` (the one before finished)."""
+    from autoevolve.loop import STAGES
+    from autoevolve.store import Store
+
+    if code != -signal.SIGKILL:
+        raise SystemExit(f"the run to be killed in {aim} exited {code} instead: {marker!r} did not appear often enough")
+    with Store.snapshot(folder / "store.duckdb") as store:
+        done = {stage for _, stage in store.finished_stages("resume")}
+    before = STAGES[STAGES.index(aim) - 1]
+    if aim in done or before not in done:
+        raise SystemExit(f"the kill aimed at {aim} landed elsewhere: finished stages {sorted(done)}")
+    print(f"killed inside {aim} ({before} had finished)")
 
 
 def state(folder: Path) -> dict:
@@ -102,6 +123,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/autoevolve-resume-bench"))
     parser.add_argument("--keep-a", action="store_true", help="reuse a finished uninterrupted run in the workdir")
+    parser.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
     keep = args.keep_a and (args.workdir / "a" / "runs" / "resume" / "report.json").exists()
     for name in ("b",) if keep else ("a", "b"):
@@ -115,32 +137,39 @@ def main() -> None:
     code, seconds_a = (0, float("nan")) if keep else start(configs["a"])
     assert code == 0, "the uninterrupted run failed"
     steps = []
-    for kill_after, count in ((" evolve ", 4), (" train (loss", 3), (None, 0)):
+    for kill_after, count, aim in KILLS:
         code, seconds = start(configs["b"], kill_after, count)
-        steps.append((kill_after or "-", code, seconds))
-    assert steps[-1][1] == 0, "the resumed run failed"
+        steps.append((kill_after, code, seconds))
+        landed(args.workdir / "b", code, kill_after, aim)
+    code, seconds = start(configs["b"])
+    steps.append(("-", code, seconds))
+    assert code == 0, "the resumed run failed"
     a, b = state(args.workdir / "a"), state(args.workdir / "b")
     print(f"uninterrupted: {seconds_a:.0f} s")
     for kill_after, code, seconds in steps:
         print(f"killed at {kill_after!r}: exit {code}, {seconds:.0f} s")
     print(f"total for the killed run: {sum(s for _, _, s in steps):.0f} s")
+    table = [
+        (label, len(a[key]), len(b[key]), a[key] == b[key])
+        for label, key in (
+            ("trajectories", "rows"),
+            ("ledger rows", "ledger"),
+            ("selections", "selections"),
+            ("adapter versions", "adapters"),
+        )
+    ]
+    table.append(("adapter weights", len(a["weights"]), len(b["weights"]), same_weights(a["weights"], b["weights"])))
+    decision = lambda r: r.get("gate", {}).get("decision", "nothing selected")  # noqa: E731
+    table.append(("decision", decision(a["report"]), decision(b["report"]), a["report"] == b["report"]))
+    if "eval" in a["report"]:
+        shown = lambda r: " / ".join(f"{v:.3f}" for k, v in r["eval"].items() if k not in ("n_tasks", "split"))  # noqa: E731
+        table.append(("test 2x2", shown(a["report"]), shown(b["report"]), a["report"]["eval"] == b["report"]["eval"]))
     print("| what | uninterrupted | killed twice, resumed | equal |")
     print("| --- | ---: | ---: | --- |")
-    for label, key, size in (
-        ("trajectories", "rows", len),
-        ("ledger rows", "ledger", len),
-        ("selections", "selections", len),
-        ("adapter versions", "adapters", len),
-    ):
-        print(f"| {label} | {size(a[key])} | {size(b[key])} | {a[key] == b[key]} |")
-    equal = same_weights(a["weights"], b["weights"])
-    print(f"| adapter weights | {len(a['weights'])} | {len(b['weights'])} | {equal} |")
-    decision = lambda r: r.get("gate", {}).get("decision", "nothing selected")  # noqa: E731
-    print(f"| decision | {decision(a['report'])} | {decision(b['report'])} | {a['report'] == b['report']} |")
-    if "eval" in a["report"]:
-        cells = " / ".join(f"{v:.3f}" for k, v in a["report"]["eval"].items() if k != "n_tasks" and k != "split")
-        other = " / ".join(f"{v:.3f}" for k, v in b["report"]["eval"].items() if k != "n_tasks" and k != "split")
-        print(f"| test 2x2 | {cells} | {other} | {a['report']['eval'] == b['report']['eval']} |")
+    print("\n".join(f"| {label} | {x} | {y} | {same} |" for label, x, y, same in table))
+    if args.json:
+        kills = [{"marker": m, "exit": code, "seconds": s} for m, code, s in steps]
+        write_json(args.json, {"uninterrupted_s": None if keep else seconds_a, "attempts": kills, "table": table})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,21 @@
-"""Rollout throughput, side by side in one process: one request at a time, lock-step batching, and the decoder.
+"""Rollout throughput, side by side in one process: one request at a time, batching, prefix sharing, the decoder.
 
 On the quickstart's real prompts (the life environment's original config, and an evolved one with two
 first-call demos per task, as stage 1 finds them), greedy:
 
 - ``sequential``: ``model.generate`` one request at a time, fp32;
-- ``lock-step``: ``model.generate`` on batches with the shared prefix computed once, fp32 (the path before the
-  decoder; every row waits for the slowest);
-- ``decoder fp32``: ``autoevolve.policy.decode`` at fp32 (its tokens must equal lock-step's);
+- ``batched``: ``model.generate`` on padded batches, fp32 (batching alone; every row waits for the slowest);
+- ``lock-step``: the same batches with their shared prompt prefix computed once, fp32 (batching plus prefix
+  sharing: the path before the decoder);
+- ``decoder fp32``: ``autoevolve.policy.decode`` at fp32 (its tokens, and batched ones, must equal lock-step's);
 - ``decoder auto``: the decoder in the default dtype (bf16 on CPUs with native bf16, else fp32).
 
 Rows give generated tokens/s (medians of ``--repeats``, modes interleaved after a warm-up), the ratio to
 lock-step, and two bounds: memory bandwidth (a decode step reads every weight once, so a batch of B rows cannot
 beat B x (copy rate / weight bytes) tokens/s, with the copy rate measured here) and compute (a token costs two
 FLOPs per weight of the matrix products, which run at most at the rate measured here for the decoder's own
-product at B rows). Then whole multi-step episodes (rollouts/s, what a round pays for), and DuckDB ingest.
+product at B rows). Then whole multi-step episodes (rollouts/s, what a round pays for), and DuckDB ingest as a
+round writes it: chunks of 64 trajectories of a round's shape into a growing store, median seconds per chunk.
 
 Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_throughput.py [--requests 64] [--repeats 3] [--json out.json]
 """
@@ -35,7 +37,7 @@ from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.policy.weights import pack
-from autoevolve.records import Message, ToolCall, Trajectory
+from autoevolve.records import Message, Trajectory
 from autoevolve.rollout import rollout
 from autoevolve.store import Store
 
@@ -98,13 +100,14 @@ def weight_bytes(policy: LocalPolicy) -> int:
 class Mode:
     """A way to generate: a policy, its batch size, and whether the decoder serves it."""
 
-    def __init__(self, label: str, policy: LocalPolicy, batch: int, decoder: bool) -> None:
+    def __init__(self, label: str, policy: LocalPolicy, batch: int, decoder: bool, share_prefix: bool = True) -> None:
         self.label, self.policy, self.batch, self.decoder = label, policy, batch, decoder
+        self.share_prefix = share_prefix
 
     def run(self, fn: Callable[[LocalPolicy], object]) -> tuple[object, float]:
         """Call fn with the policy set up for this mode; its result and seconds."""
         saved = self.policy.batch_size, self.policy.decoder
-        self.policy.batch_size = self.batch
+        self.policy.batch_size, self.policy.share_prefix = self.batch, self.share_prefix
         if not self.decoder:
             self.policy.decoder = None
         try:
@@ -113,6 +116,7 @@ class Mode:
             return out, time.perf_counter() - started
         finally:
             self.policy.batch_size, self.policy.decoder = saved
+            self.policy.share_prefix = True
 
 
 def generation(modes: list[Mode], requests: dict[str, list[ChatRequest]], sequential_n: int, repeats: int) -> dict:
@@ -152,35 +156,39 @@ def episodes(modes: list[Mode], env: LifeEnv, hcps: dict[str, HCPConfig], n: int
     return result
 
 
-def synthetic(n: int) -> list[Trajectory]:
-    """n trajectories shaped like real ones: request, tool call, tool result, reply."""
-    call = ToolCall.make("call_1", "book_table", {"restaurant_id": "R-101", "party_size": 2, "time": "19:00"})
-    messages = [
-        Message(role="user", content="Book a table for 2 at Sunny Table (R-101) at 19:00."),
-        Message(role="assistant", tool_calls=[call]),
-        Message(role="tool", content='{"booking_id": "B-1", "restaurant_id": "R-101"}', tool_call_id="call_1"),
-        Message(role="assistant", content="Done: table for 2 at Sunny Table at 19:00."),
-    ]
-    return [
-        Trajectory(run_id="bench", task_id=f"t{i:06d}", split="train", hcp_id="h", messages=messages, reward=1.0)
-        for i in range(n)
-    ]
+def round_shaped(n: int) -> list[Trajectory]:
+    """n trajectories of a round's shape: the life environment's reference conversations over tiers 1-3 (one to
+    three tool calls), with the fields a rollout fills."""
+    env = LifeEnv(tiers=(1, 2, 3), n_train=256)
+    tasks = env.tasks("train")
+    references = [env.reference(t) for t in tasks]
+    filled = {"run_id": "bench", "split": "train", "hcp_id": "h", "adapter": "L1-life@v1", "stage": "select"}
+    filled |= {"reward": 1.0, "feedback": "Booked as asked.", "prompt_tokens": 420, "completion_tokens": 60}
+    out = []
+    for i in range(n):
+        task, messages = tasks[i % len(tasks)], references[i % len(tasks)]
+        out.append(Trajectory(task_id=f"{task.id}-{i}", messages=messages, sample=i % 4, **filled))
+    return out
 
 
-def ingest(n_bulk: int, n_rows: int) -> list[tuple[str, float]]:
-    """Trajectories/s through the bulk path and through one INSERT per row."""
-    rows = []
+def ingest(chunks: int, chunk: int = 64) -> list[tuple[str, float]]:
+    """Trajectories/s of each store path writing the same chunks into a growing store, chunk by chunk in turn
+    (median over chunks): the bulk path every stage uses, and one INSERT per row."""
+    trajs = round_shaped(chunks * chunk)
+    paths = (("bulk (Arrow)", "put_trajectories"), ("row inserts", "put_trajectories_rowwise"))
+    seconds: dict[str, list[float]] = {label: [] for label, _ in paths}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, n, method in (
-            ("bulk (Arrow)", n_bulk, "put_trajectories"),
-            ("row inserts", n_rows, "put_trajectories_rowwise"),
-        ):
-            trajs = synthetic(n)
-            with Store(Path(tmp) / f"{method}.duckdb") as store:
-                started = time.perf_counter()
-                getattr(store, method)(trajs)
-                rows.append((f"{label}, {n} rows", n / (time.perf_counter() - started)))
-    return rows
+        stores = {label: Store(Path(tmp) / f"{method}.duckdb") for label, method in paths}
+        try:
+            for start in range(0, len(trajs), chunk):
+                for label, method in paths:
+                    started = time.perf_counter()
+                    getattr(stores[label], method)(trajs[start : start + chunk])
+                    seconds[label].append(time.perf_counter() - started)
+        finally:
+            for store in stores.values():
+                store.close()
+    return [(f"{label}, {chunks} x {chunk}", chunk / statistics.median(seconds[label])) for label, _ in paths]
 
 
 def main() -> None:
@@ -190,8 +198,7 @@ def main() -> None:
     parser.add_argument("--sequential", type=int, default=8, help="of them, how many the one-at-a-time mode runs")
     parser.add_argument("--episodes", type=int, default=16, help="dev tasks rolled out whole per mode and config")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--bulk", type=int, default=100_000)
-    parser.add_argument("--rows", type=int, default=2_000)
+    parser.add_argument("--chunks", type=int, default=32, help="chunks of 64 trajectories written per store path")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -201,6 +208,7 @@ def main() -> None:
     auto = LocalPolicy(batch_size=args.requests, dtype="auto")
     modes = [
         Mode("sequential", fp32, 1, decoder=False),
+        Mode("batched", fp32, args.requests, decoder=False, share_prefix=False),
         Mode("lock-step", fp32, args.requests, decoder=False),
         Mode("decoder fp32", fp32, args.requests, decoder=True),
         Mode(f"decoder auto ({str(auto.base.dtype).removeprefix('torch.')})", auto, args.requests, decoder=True),
@@ -208,10 +216,12 @@ def main() -> None:
     rate = copy_rate()
     requests = {name: first_calls(env, hcp, args.requests) for name, hcp in hcps.items()}
     gen = generation(modes, requests, args.sequential, args.repeats)
-    same = {name: gen["texts"][(modes[2].label, name)] == gen["texts"][(modes[1].label, name)] for name in hcps}
+    lock = modes[2].label
+    same = {name: all(gen["texts"][(m.label, name)] == gen["texts"][(lock, name)] for m in (modes[1], modes[3]))
+            for name in hcps}  # fmt: skip
 
     flops = {mode.label: gemm_rate(mode.batch, mode.policy.base.dtype) for mode in modes}
-    fp32, default = flops[modes[2].label] / 1e9, flops[modes[3].label] / 1e9
+    fp32, default = flops[modes[3].label] / 1e9, flops[modes[4].label] / 1e9
     print(f"\nSmolLM2-135M, first calls of {args.requests} dev tasks (sequential: {args.sequential}), greedy, "
           f"median of {args.repeats}; memory copy rate {rate / 1e9:.1f} GB/s; matrix products at {args.requests} "
           f"rows {fp32:.0f} GFLOP/s (fp32), {default:.0f} (default dtype)")  # fmt: skip
@@ -222,7 +232,7 @@ def main() -> None:
         memory = mode.batch * rate / weight_bytes(mode.policy)
         for name in hcps:
             tps = gen["rates"][(mode.label, name)]
-            ratio = tps / gen["rates"][(modes[1].label, name)]
+            ratio = tps / gen["rates"][(modes[2].label, name)]
             ceiling = None  # the decoder's own work (prompt and generated tokens) at the measured product rate
             if (mode.label, name) in gen["work"]:
                 generated, computed = gen["work"][(mode.label, name)]
@@ -231,30 +241,30 @@ def main() -> None:
                           "memory_bound": memory, "compute_ceiling": ceiling})  # fmt: skip
             shown = f"{ceiling:>10.0f}{tps / ceiling:>12.1%}" if ceiling else f"{'-':>10}{'-':>12}"
             print(f"{mode.label:<24}{name:<10}{tps:>10.1f}{ratio:>13.2f}x{memory:>14.0f}{shown}")
-    print(f"decoder fp32 tokens equal lock-step's: {same}")
+    print(f"batched and decoder fp32 tokens equal lock-step's: {same}")
 
     eps = episodes(modes[1:], env, hcps, args.episodes, args.repeats)
     print(f"\nWhole episodes ({args.episodes} dev tasks, every step batched), median of {args.repeats}")
     print(f"{'mode':<24}{'config':<10}{'rollouts/s':>12}{'vs lock-step':>14}{'reward':>9}")
     episode_rows = []
     for (label, name), (per_s, reward) in eps.items():
-        ratio = per_s / eps[(modes[1].label, name)][0]
+        ratio = per_s / eps[(modes[2].label, name)][0]
         episode_rows.append({"mode": label, "config": name, "rollouts_s": per_s, "ratio": ratio, "reward": reward})
         print(f"{label:<24}{name:<10}{per_s:>12.2f}{ratio:>13.2f}x{reward:>9.3f}")
 
-    ing = ingest(args.bulk, args.rows)
+    ing = ingest(args.chunks)
     print("\nDuckDB store ingest")
     print(f"{'path':<30}{'trajectories/s':>16}{'ratio':>10}")
     for label, per_s in ing:
         print(f"{label:<30}{per_s:>16.0f}{per_s / ing[-1][1]:>10.1f}")
 
-    best = min(row["ratio"] for row in table if row["mode"] == modes[3].label)
+    best = min(row["ratio"] for row in table if row["mode"] == modes[4].label)
     ok = best >= TARGET and all(same.values())
     verdict = "PASS" if ok else "FAIL"
-    reach = min(row["compute_ceiling"] / gen["rates"][(modes[1].label, row["config"])]
-                for row in table if row["mode"] == modes[3].label)  # fmt: skip
+    reach = min(row["compute_ceiling"] / gen["rates"][(modes[2].label, row["config"])]
+                for row in table if row["mode"] == modes[4].label)  # fmt: skip
     print(f"\n{verdict}: decoder (default dtype) {best:.2f}x lock-step tokens/s, the lower of the two configs "
-          f"(target >= {TARGET:.0f}x); fp32 decoder tokens equal lock-step's: {all(same.values())}; "
+          f"(target >= {TARGET:.0f}x); batched and fp32 decoder tokens equal lock-step's: {all(same.values())}; "
           f"its work at the measured product rate alone would be {reach:.2f}x")  # fmt: skip
     if args.json:
         write_json(args.json, {"copy_rate_gbs": rate / 1e9, "gflops": {k: v / 1e9 for k, v in flops.items()},

@@ -19,7 +19,7 @@ from autoevolve.config import EvolveSettings
 from autoevolve.curriculum import seeded_train
 from autoevolve.envs import Environment
 from autoevolve.evolve.budget import Budget
-from autoevolve.evolve.mutators import Evidence, Merge, Mutator, ProposalError, approx_tokens, keep_frozen
+from autoevolve.evolve.mutators import Evidence, Merge, Mutator, ProposalError, approx_tokens, keep_frozen, unlabelled
 from autoevolve.evolve.mutators import make_mutators as make_mutators
 from autoevolve.evolve.pareto import merge_pairs, sample_parent
 from autoevolve.hcp import COMPONENTS, HCPConfig, diff
@@ -91,8 +91,9 @@ class _Search:
     def __init__(self, bench: Workbench, settings: EvolveSettings, adapter: str, dev: list[Task]) -> None:
         self.bench, self.settings, self.adapter, self.dev = bench, settings, adapter, dev
         self.budget = Budget(settings.budget, settings.samples)
+        reference = bench.env.reference if settings.references else unlabelled
         self.evidence = Evidence(
-            trajectories=[], tasks={}, reference=bench.env.reference, count_tokens=_token_counter(bench.policy)
+            trajectories=[], tasks={}, reference=reference, count_tokens=_token_counter(bench.policy)
         )
         self.configs: dict[str, HCPConfig] = {}
         self.pool: list[Candidate] = []

@@ -23,6 +23,11 @@ def approx_tokens(messages: list[dict[str, Any]], tools: list[dict] | None = Non
     return (sum(len(str(m.get("content") or "")) for m in messages) + len(json.dumps(tools or []))) // 4
 
 
+def unlabelled(task: Task) -> list[Message] | None:
+    """No labelled solution for any task: what a deployment with rewards but no labels has."""
+    return None
+
+
 @dataclass
 class Evidence:
     """What a mutator may read: train rollouts so far, the parent's minibatch rollouts, train tasks, solutions.
@@ -32,7 +37,7 @@ class Evidence:
 
     trajectories: list[Trajectory]
     tasks: dict[str, Task]
-    reference: Callable[[Task], list[Message] | None] = field(default=lambda task: None)
+    reference: Callable[[Task], list[Message] | None] = field(default=unlabelled)
     minibatch: list[Trajectory] = field(default_factory=list)
     count_tokens: TokenCounter = approx_tokens
 

@@ -32,6 +32,7 @@ class LocalPolicy:
         self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
         self.batch_size = batch_size
         self.adapters: dict[str, str] = {}
+        self.share_prefix = True  # without the decoder: a batch's common prompt prefix is computed once
         self.decoder = Decoder(self.base, self._stop_ids) if engine == "auto" and supports(self.base) else None
 
     def add_adapter(self, name: str, path: str) -> None:
@@ -136,15 +137,16 @@ class LocalPolicy:
         the pads and positions follow the mask, so outputs equal those of plain padded generation.
         """
         device = self.base.device
-        shared = common_prefix(ids)
-        shared = min(shared, min(len(x) for x in ids) - 1)  # every row keeps a token to feed
+        shared = min(common_prefix(ids), min(len(x) for x in ids) - 1)  # every row keeps a token to feed
+        if shared < 16 or not self.share_prefix:
+            shared = 0  # too short to pay for a cache of its own: plain padded generation
         width = max(len(x) for x in ids) - shared
         pad = self.tokenizer.pad_token_id
         rows = [[pad] * (width - len(x) + shared) + x[shared:] for x in ids]
         masks = [[0] * (width - len(x) + shared) + [1] * (len(x) - shared) for x in ids]
         suffix = torch.tensor(rows, device=device)
         suffix_mask = torch.tensor(masks, device=device)
-        if shared < 16:
+        if not shared:
             out = self.lm.generate(input_ids=suffix, attention_mask=suffix_mask, **kwargs)
             return out[:, suffix.shape[1] :]
         prefix = torch.tensor([ids[0][:shared]], device=device)

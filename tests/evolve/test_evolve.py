@@ -81,6 +81,15 @@ def test_a_config_carried_from_an_earlier_round_joins_the_pool_and_can_stay_best
     assert result.best.id == first.best.id and child.status == "discard"
 
 
+def test_without_references_the_demos_mutator_has_nothing_until_the_model_succeeds(env, original, tmp_path) -> None:
+    # The same search that finds demos from labelled solutions (above) finds none without them: no rollout succeeds.
+    settings = _settings(mutators=["demos"], candidates=1, references=False)
+    result, ledger, _ = _search(env, original, tmp_path, DemoLearner(env), settings)
+    seed, failed = ledger
+    assert failed.status == "crash" and failed.note.startswith("no successful train rollouts")
+    assert result.best.id == original.id and seed.mean_reward == 0.0
+
+
 def test_rollout_budget_is_never_exceeded(env, original, tmp_path) -> None:
     # Seed: 4 dev rollouts. A step may need parent 4 + child 4 + dev 4 = 12; after the first, the parent's
     # minibatch (all 4 train tasks) is stored, so each later step may need 8 and uses 4.

@@ -28,6 +28,24 @@ def test_batched_equals_one_at_a_time(tiny_policy: LocalPolicy) -> None:
     assert [c.prompt_tokens for c in batched] == [tiny_policy.prompt_tokens(r) for r in requests]
 
 
+def test_without_the_decoder_prefix_sharing_changes_no_output(tiny_policy: LocalPolicy) -> None:
+    # Two configs in one batch share only the chat template's first tokens: each row keeps its whole prompt.
+    requests = _requests(3)
+    other = HCPConfig.from_yaml("prompts/life.yaml").model_copy(update={"system_prompt": "Be brief. {tools}"})
+    requests += [ChatRequest(messages=other.render(t)[0], max_new_tokens=12) for t in LifeEnv().tasks("dev")[:3]]
+    decoder, tiny_policy.decoder = tiny_policy.decoder, None
+    try:
+        mixed = [c.text for c in tiny_policy.generate(requests)]
+        tiny_policy.batch_size = 1
+        single = [c.text for c in tiny_policy.generate(requests)]
+        tiny_policy.batch_size, tiny_policy.share_prefix = 8, False
+        padded = [c.text for c in tiny_policy.generate(requests[:3])]
+    finally:
+        tiny_policy.decoder, tiny_policy.batch_size, tiny_policy.share_prefix = decoder, 8, True
+    assert mixed == single and padded == single[:3]
+    assert len(set(single)) > 1  # the rows differ: a dropped prompt would make them alike or change them
+
+
 def test_named_adapters_switch_and_none_is_the_base(tiny_model_dir, tmp_path) -> None:
     from peft import LoraConfig, get_peft_model
 
