@@ -34,7 +34,7 @@ test-all: install
 lint: install
 	$(VENV)/bin/ruff check autoevolve flows tests bench
 
-bench: install  # generation and episodes: sequential, lock-step batching, the decoder; about 15 minutes
+bench: install  # generation and episodes: sequential, padded batches, lock-step, the decoder; over 30 min
 	$(PY) bench/rollout_throughput.py
 
 bench-train: install  # SFT tokens/s before and after, at fp32 and bf16, on a quickstart-like selection

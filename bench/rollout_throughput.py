@@ -191,6 +191,16 @@ def ingest(chunks: int, chunk: int = 64) -> list[tuple[str, float]]:
     return [(f"{label}, {chunks} x {chunk}", chunk / statistics.median(seconds[label])) for label, _ in paths]
 
 
+def print_ingest(chunks: int) -> dict[str, float]:
+    """Print the ingest table; trajectories/s by path."""
+    ing = ingest(chunks)
+    print("\nDuckDB store ingest")
+    print(f"{'path':<30}{'trajectories/s':>16}{'ratio':>10}")
+    for label, per_s in ing:
+        print(f"{label:<30}{per_s:>16.0f}{per_s / ing[-1][1]:>10.1f}")
+    return dict(ing)
+
+
 def main() -> None:
     """Print the tables and the check of the generation target."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -200,7 +210,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=32, help="chunks of 64 trajectories written per store path")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
+    parser.add_argument("--ingest-only", action="store_true", help="only the store ingest table")
     args = parser.parse_args()
+    if args.ingest_only:
+        ing = print_ingest(args.chunks)
+        if args.json:
+            write_json(args.json, {"ingest": ing})
+        return
     torch.manual_seed(0)
     env = LifeEnv(tiers=(1,))
     hcps = configs(env)
@@ -252,11 +268,7 @@ def main() -> None:
         episode_rows.append({"mode": label, "config": name, "rollouts_s": per_s, "ratio": ratio, "reward": reward})
         print(f"{label:<24}{name:<10}{per_s:>12.2f}{ratio:>13.2f}x{reward:>9.3f}")
 
-    ing = ingest(args.chunks)
-    print("\nDuckDB store ingest")
-    print(f"{'path':<30}{'trajectories/s':>16}{'ratio':>10}")
-    for label, per_s in ing:
-        print(f"{label:<30}{per_s:>16.0f}{per_s / ing[-1][1]:>10.1f}")
+    ing = print_ingest(args.chunks)
 
     best = min(row["ratio"] for row in table if row["mode"] == modes[4].label)
     ok = best >= TARGET and all(same.values())
@@ -269,7 +281,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {"copy_rate_gbs": rate / 1e9, "gflops": {k: v / 1e9 for k, v in flops.items()},
                                "generation": table, "episodes": episode_rows,
-                               "same_tokens": same, "pass": ok})  # fmt: skip
+                               "ingest": ing, "same_tokens": same, "pass": ok})  # fmt: skip
 
 
 if __name__ == "__main__":
