@@ -130,6 +130,11 @@ class HCPConfig(Strict):
         """Names of the tools this config offers."""
         return [t["function"]["name"] for t in self.tools]
 
+    def sampled(self, temperature: float) -> HCPConfig:
+        """The same config decoding at ``temperature`` (for rejection samples), named '<name>-sampled'."""
+        knobs = self.sampling.model_copy(update={"temperature": temperature})
+        return self.model_copy(update={"name": f"{self.name}-sampled", "sampling": knobs})
+
     def tools_for(self, task: Task) -> list[dict[str, Any]]:
         """The tools offered on a task: the config's, then the task's own (e.g. one function-calling question's)."""
         return self.tools + task.tools if task.tools else self.tools

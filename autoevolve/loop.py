@@ -236,10 +236,8 @@ def stage_select(r: Round) -> Selection:
     tasks = curriculum.train_of(r.bench, task_plan(r), s.train_tasks)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
-    sampled = None
-    if s.best_of > 1:  # the best config sampled (the original too, when the search found nothing better)
-        knobs = evolved.best.sampling.model_copy(update={"temperature": s.temperature})
-        sampled = evolved.best.model_copy(update={"name": f"{evolved.best.name}-sampled", "sampling": knobs})
+    # The best config sampled (the original too, when the search found nothing better).
+    sampled = evolved.best.sampled(s.temperature) if s.best_of > 1 else None
     return select(
         r.bench,
         r.original,

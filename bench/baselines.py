@@ -184,8 +184,7 @@ def rft(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
     by_id = {t.id: t for t in env.tasks("train")}
     tasks = [by_id[i] for i in facts["train_tasks"]]
     k = max(1, facts["rollouts"] // len(tasks))
-    knobs = original.sampling.model_copy(update={"temperature": cfg.select.temperature})
-    sampled = original.model_copy(update={"name": f"{original.name}-sampled", "sampling": knobs})
+    sampled = original.sampled(cfg.select.temperature)
     with Store(cfg.store) as store:
         bench = Workbench(policy, env, store, str(cfg.run_id), seed=cfg.seed)
         drawn = bench.rollouts(sampled, tasks, stage="select", samples=k)

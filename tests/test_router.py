@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.envs.router import EXPERTS, RouterEnv
+from autoevolve.envs.routing import EXPERTS, RouterEnv
 from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.registry import add_expert, promote, register
 from autoevolve.rollout import score_reply

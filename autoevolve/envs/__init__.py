@@ -54,7 +54,7 @@ def make_env(name: str, **options: Any) -> Environment:
 
         return FncallEnv(**options)
     if name == "router":
-        from autoevolve.envs.router import RouterEnv
+        from autoevolve.envs.routing import RouterEnv
 
         return RouterEnv(**options)
     raise ValueError(f"unknown environment {name!r} (known: life, fncall, router)")

@@ -7,10 +7,10 @@ One ``Store`` wraps one DuckDB connection, which is not safe to share between th
 
 from __future__ import annotations
 
+from autoevolve.store.adapters import RegistryTables
 from autoevolve.store.base import TRAJ_COLS, TRAJ_KEY, StoreBusy, StoreTooNew
 from autoevolve.store.export import ExportTables
 from autoevolve.store.migrations import LATEST_VERSION, MIGRATIONS
-from autoevolve.store.registry import RegistryTables
 from autoevolve.store.runs import RunTables
 from autoevolve.store.stages import StageTables
 
