@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-gepa bench-loop bench-baselines
+.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-gepa bench-loop bench-baselines bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -55,3 +55,7 @@ bench-loop: install  # three rounds of configs/loop.yaml, about 70 minutes on 2 
 
 bench-baselines: install  # the quickstart round beside SFT on its references, RFT, the loop without labels; 3 seeds
 	$(PY) bench/baselines.py --seeds 0 1 2
+
+bench-headroom: install  # tier-2 wins by adapter, demos and samples, after bench-loop; about 35 minutes
+	$(PY) bench/tier_headroom.py --adapter v1=trajectories/runs/loop/adapters/L1-life-v1 \
+		--adapter v2=trajectories/runs/loop/adapters/L1-life-v2

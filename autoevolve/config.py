@@ -120,6 +120,11 @@ class EvolveSettings(Section):
 
     train_tasks: int = Field(default=32, gt=0, description="Train tasks minibatches are drawn from.")
     minibatch: int = Field(default=8, gt=0, description="Train tasks a child must beat its parent on.")
+    keep_ties: bool = Field(
+        default=False,
+        description="Also keep a child that ties its parent's minibatch sum while winning a task the parent loses "
+        "(neither dominates: a per-task Pareto member, e.g. the first demos that open a new tier).",
+    )
     dev_tasks: int = Field(default=24, gt=0, description="Dev tasks every kept candidate is scored on per task.")
     samples: int = Field(default=1, gt=0, description="Rollouts per task (more where rewards are noisy).")
     candidates: int = Field(default=4, ge=0, description="Children proposed at most after the seed config.")

@@ -33,7 +33,7 @@ from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskP
 from autoevolve.report import write_report
 from autoevolve.select import select
 from autoevolve.store import Store
-from autoevolve.workbench import Workbench
+from autoevolve.workbench import Workbench, mean
 
 STAGES = ("plan", "evolve", "select", "distill", "gate", "decide", "report")
 
@@ -236,8 +236,7 @@ def stage_select(r: Round) -> Selection:
     tasks = curriculum.train_of(r.bench, task_plan(r), s.train_tasks)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
-    # The best config sampled (the original too, when the search found nothing better).
-    sampled = evolved.best.sampled(s.temperature) if s.best_of > 1 else None
+    sampled = best_per_tier(r, evolved) if s.best_of > 1 else None
     return select(
         r.bench,
         r.original,
@@ -252,6 +251,24 @@ def stage_select(r: Round) -> Selection:
         sampled=sampled,
         best_of=s.best_of,
     )
+
+
+def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:
+    """Per tier in play, the kept config with the best dev score on that tier's tasks (the best overall among
+    equals), sampled at the select temperature: a new tier's samples come from the config that opened it."""
+    tier_of = {t.id: t.tier for t in tasks_in_play(r, "dev", r.config.evolve.dev_tasks)}
+    kept = [c for c in evolved.candidates if c.status == "keep"]
+    out = {}
+    for tier in task_plan(r).tiers:
+        top = max(
+            kept,
+            key=lambda c: (
+                mean([v for task, v in c.scores.items() if tier_of.get(task) == tier]),
+                c.hcp_id == evolved.best.id,
+            ),
+        )
+        out[tier] = evolved.configs[top.hcp_id].sampled(r.config.select.temperature)
+    return out
 
 
 def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:

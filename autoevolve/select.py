@@ -2,13 +2,13 @@
 
 Per task, each evolved config's mean reward over its samples is compared with the original config's mean; a
 config that beats it by more than the margin contributes its best samples (distinct conversations, each reaching
-``min_reward``), up to ``max_per_task``. With ``best_of`` > 1 a sampled copy of the best config (its temperature
-raised) adds that many samples on each task the original has not solved, each of which wins on its own reward:
-rejection sampling against the environment's own scorer, so a round whose search moved little still finds
-rollouts that beat the live adapter. Their sample numbers start at ``round * best_of``, so each round draws new
-ones. Then no tier may keep more than ``tier_ratio`` times the items of the tier with the fewest, so easy tasks do
-not dominate. Each item names the baseline rollout it beat (the original's lowest-reward sample), which also makes
-the (chosen, rejected) pairs for preference training.
+``min_reward``), up to ``max_per_task``. With ``best_of`` > 1 a sampled copy of each tier's best config (its
+temperature raised) adds that many samples on each task of that tier the original has not solved, each of which
+wins on its own reward: rejection sampling against the environment's own scorer, so a round whose search moved
+little still finds rollouts that beat the live adapter. Their sample numbers start at ``round * best_of``, so
+each round draws new ones. Then no tier may keep more than ``tier_ratio`` times the items of the tier with the
+fewest, so easy tasks do not dominate. Each item names the baseline rollout it beat (the original's lowest-reward
+sample), which also makes the (chosen, rejected) pairs for preference training.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ def select(
     samples: int = 1,
     max_per_task: int = 1,
     tier_ratio: float | None = None,
-    sampled: HCPConfig | None = None,
+    sampled: dict[int, HCPConfig] | None = None,
     best_of: int = 1,
 ) -> Selection:
     """Pair rollouts per task and keep the evolved ones that beat the original's (see the module docstring).
 
     ``evolved`` lists the configs whose rollouts may be kept, best first: the best config is rolled out on
     every task ``samples`` times; rollouts of the others already in the store (from the search) are used as
-    they are; ``sampled`` (if given) is rolled out ``best_of`` times. A kept rollout must reach ``min_reward``:
-    partial successes would teach the adapter their mistakes.
+    they are; ``sampled`` (tier -> config, if given) is rolled out ``best_of`` times on that tier's unsolved
+    tasks. A kept rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
     """
     baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select", samples=samples))
     pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=samples)]
@@ -52,9 +52,11 @@ def select(
     by_config = [_by_task(pool) for pool in pools]
     draws: dict[str, list[Trajectory]] = {}
     unsolved = [t for t in tasks if mean([b.reward for b in baseline[t.id]]) < 1.0]  # nothing beats a full score
-    if sampled is not None and unsolved:
-        first = bench.round * best_of
-        draws = _by_task(bench.rollouts(sampled, unsolved, adapter, "select", samples=best_of, first_sample=first))
+    first = bench.round * best_of
+    for tier, config in sorted((sampled or {}).items()):
+        todo = [t for t in unsolved if t.tier == tier]
+        if todo:
+            draws |= _by_task(bench.rollouts(config, todo, adapter, "select", samples=best_of, first_sample=first))
     tiers = {t.id: t.tier for t in tasks}
     kept: list[tuple[Trajectory, Trajectory]] = []
     for task_id, base in sorted(baseline.items()):

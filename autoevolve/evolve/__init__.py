@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +202,8 @@ class _Search:
             note = f"mean prompt of {tokens:.0f} tokens is over the budget of {cap}"
             return self._record(row.model_copy(update={"status": "discard", "note": note}))
         versus = f"minibatch mean {got / len(batch):.3f} vs parent {beat / len(batch):.3f}"
+        if got == beat and self.settings.keep_ties and _wins_a_task(row.minibatch, per_parent.values()):
+            return self._keep(row.model_copy(update={"note": f"{versus}: a tie that wins a task the parent loses"}))
         if got <= beat:
             return self._record(row.model_copy(update={"status": "discard", "note": f"{versus}: not better"}))
         return self._keep(row.model_copy(update={"note": versus}))
@@ -251,6 +253,11 @@ class _Search:
                 self._evidence_keys.add((t.hcp_id, t.task_id, t.sample))
                 self.evidence.trajectories.append(t)
         return trajs
+
+
+def _wins_a_task(child: dict[str, float], parents: Iterable[dict[str, float]]) -> bool:
+    """Whether the child scores higher than every parent on some minibatch task."""
+    return any(all(score > p.get(task, 0.0) for p in parents) for task, score in child.items())
 
 
 def _per_task(trajs: list[Trajectory]) -> tuple[dict[str, float], dict[str, float]]:

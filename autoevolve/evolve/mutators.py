@@ -85,22 +85,37 @@ class DemoBootstrap:
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a fresh demo set retrieved per task by similarity."""
         own = _successes(evidence.trajectories)
-        chosen = rng.sample(own, min(self.pool, len(own)))
-        taken = {d.task_id for d in chosen}
-        spare = [t for t in evidence.tasks.values() if t.id not in taken]
-        rng.shuffle(spare)
-        for task in spare:
-            if len(chosen) >= self.pool:
-                break
-            messages = evidence.reference(task)
-            if messages:
-                chosen.append(Demo(task_id=task.id, messages=messages))
+        tiers = sorted({t.tier for t in evidence.tasks.values()})
+        if len(tiers) > 1:  # every tier in play gets its share, so a new tier's tasks see demos of their own kind
+            chosen = []
+            for i, tier in enumerate(tiers):
+                share = self.pool // len(tiers) + (i < self.pool % len(tiers))
+                tier_tasks = {k: t for k, t in evidence.tasks.items() if t.tier == tier}
+                mine = [d for d in own if d.task_id in tier_tasks]
+                chosen += self._draw(mine, tier_tasks, evidence, share, rng)
+        else:
+            chosen = self._draw(own, evidence.tasks, evidence, self.pool, rng)
         if not chosen:
             raise ValueError("no successful train rollouts and no labelled solutions to take demos from")
         chosen.sort(key=lambda d: d.task_id)  # the order is fixed by content, not by draw order
         order = rng.choice(self.orders)
         demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=rng.choice(self.styles), order=order)
         return self._within_budget(parent.model_copy(update={"demos": demos}), evidence)
+
+    @staticmethod
+    def _draw(own: list[Demo], tasks: dict[str, Task], evidence: Evidence, n: int, rng: random.Random) -> list[Demo]:
+        """Up to n demos: the model's own successes first, topped up with labelled solutions of other tasks."""
+        chosen = rng.sample(own, min(n, len(own)))
+        taken = {d.task_id for d in chosen}
+        spare = [t for t in tasks.values() if t.id not in taken]
+        rng.shuffle(spare)
+        for task in spare:
+            if len(chosen) >= n:
+                break
+            messages = evidence.reference(task)
+            if messages:
+                chosen.append(Demo(task_id=task.id, messages=messages))
+        return chosen
 
     def _within_budget(self, child: HCPConfig, evidence: Evidence) -> HCPConfig:
         """Fewer demos per task until the mean first prompt fits the prompt-token budget."""

@@ -193,3 +193,33 @@ def test_train_tasks_nest_for_the_same_seed(env: LifeEnv) -> None:
     small, large = train_tasks(env, 8, seed=3), train_tasks(env, 24, seed=3)
     assert {t.id for t in small} <= {t.id for t in large} and len(large) == 24
     assert train_tasks(env, 8, seed=4) != small
+
+
+class Trade(DemoLearner):
+    """Solves one train task without demos and another one (only) with them: a tie on the minibatch."""
+
+    def __init__(self, env: LifeEnv, alone: str, with_demos: str) -> None:
+        super().__init__(env)
+        self.alone, self.with_demos = alone, with_demos
+
+    def _one(self, messages: list[dict]) -> Completion:
+        if messages[-1]["role"] != "user" or "Tool result" in messages[-1]["content"]:
+            return Completion(text="Done.", completion_tokens=2)
+        request = messages[-1]["content"]
+        if request == (self.with_demos if len(messages) > 2 else self.alone):
+            return Completion(text=json.dumps({"name": "book_table", "arguments": _book_args(self.goals[request])}))
+        return Completion(text="I am not sure.")
+
+
+@pytest.mark.parametrize("keep_ties", [False, True])
+def test_a_tie_that_wins_a_task_the_parent_loses_is_kept_only_with_keep_ties(env, original, tmp_path, keep_ties):
+    a, b = [t.request for t in env.tasks("train") if t.goal["kind"] == "table"][:2]
+    settings = _settings(mutators=["demos"], candidates=1, keep_ties=keep_ties)
+    _, ledger, _ = _search(env, original, tmp_path, Trade(env, a, b), settings)
+    child = ledger[1]
+    assert sum(child.minibatch.values()) == sum(child.parent_minibatch.values()) == 1.0
+    if keep_ties:
+        assert child.status == "keep" and child.note.endswith("a tie that wins a task the parent loses")
+        assert len(child.scores) == 4  # scored on dev, as every pool member is
+    else:
+        assert child.status == "discard" and child.note.endswith("not better")

@@ -167,3 +167,19 @@ def test_merge_takes_each_parents_changes_over_the_ancestor(original) -> None:
     assert Merge().combine(a, both, original, prefer_a=True).routing == "Route A."
     with pytest.raises(ValueError, match="no component to combine"):
         Merge().combine(a, original, original, prefer_a=True)
+
+
+def test_demo_bootstrap_gives_every_tier_in_play_its_share(original) -> None:
+    two = LifeEnv(tiers=(1, 2))
+    tasks = two.tasks("train")[:20]  # tiers interleave: 10 of each
+    wins = [t for t in tasks if t.tier == 1][:8]  # the live adapter solves tier 1 only
+    trajs = [
+        Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="h", messages=two.reference(t), reward=1.0)
+        for t in wins
+    ]
+    evidence = Evidence(trajectories=trajs, tasks={t.id: t for t in tasks}, reference=two.reference)
+    child = DemoBootstrap(pool=6).propose(original, evidence, random.Random(0))
+    tiers = {t.id: t.tier for t in tasks}
+    picked = [tiers[d.task_id] for d in child.demos.items]
+    assert picked.count(1) == 3 and picked.count(2) == 3  # without shares: six tier-1 successes, no tier-2 demo
+    assert {d.task_id for d in child.demos.items if tiers[d.task_id] == 1} <= {t.id for t in wins}

@@ -18,8 +18,8 @@ from autoevolve.policy import ChatRequest
 from autoevolve.policy.openai import MAX_BACKOFF_S, OpenAIPolicy, backoff_delay
 from autoevolve.rollout import rollout
 
-TIMEOUT_S = 0.5
-HANG_S = 3.0  # well past TIMEOUT_S; the hanging handler is released at teardown
+TIMEOUT_S = 2.0  # generous: a loaded 2-core machine once took over 0.5 s to answer a plain 422
+HANG_S = 8.0  # well past TIMEOUT_S; the hanging handler is released at teardown
 
 
 class Fake:
