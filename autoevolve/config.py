@@ -198,6 +198,13 @@ class SelectSettings(Section):
         "sampling): any sample beating the original's rollouts can be kept. Later rounds draw new samples.",
     )
     temperature: float = Field(default=0.7, gt=0.0, le=2.0, description="Sampling temperature of the best_of samples.")
+    new_tier_demos: int = Field(
+        default=0,
+        ge=0,
+        description="A tier in play on which no kept config scores on dev is sampled under the original config with "
+        "this many of its own train tasks' labelled solutions as full demos (the nearest, never the task's own); "
+        "0 or evolve.references false: off.",
+    )
 
 
 class DistillSettings(GRPOSettings):
@@ -254,6 +261,12 @@ class GateSettings(Section):
     dev_tasks: int = Field(default=32, gt=0)
     test_tasks: int = Field(default=64, gt=0)
     min_gain: float = Field(default=0.0, description="Dev gain of adapter over base (original config) to promote.")
+    evolved_tasks: int | None = Field(
+        default=None,
+        gt=0,
+        description="Dev and test tasks the evolved-config cells run on (the first N; retention is read on them). "
+        "They decide nothing and their long prompts cost most of a table; None: all.",
+    )
     tier_tolerance: float | None = Field(
         default=None,
         ge=0.0,

@@ -36,12 +36,16 @@ def cells(
     configs: dict[str, HCPConfig],
     adapters: dict[str, str],
     stage: str,
+    evolved_tasks: int | None = None,
 ) -> tuple[dict[str, Cell], dict[str, list[float]]]:
-    """Every cell ('<adapter key>_<config key>') on the tasks, and each cell's rewards in task order."""
+    """Every cell ('<adapter key>_<config key>') on the tasks, and each cell's rewards in task order. With
+    ``evolved_tasks`` the evolved-config cells run on the first that many tasks only (they decide nothing, and
+    their long prompts cost most of a table)."""
     table, rewards = {}, {}
     for adapter_key, adapter in adapters.items():
         for config_key, hcp in configs.items():
-            trajs = bench.rollouts(hcp, tasks, adapter=adapter, stage=stage)
+            used = tasks[:evolved_tasks] if config_key == "evolved" else tasks
+            trajs = bench.rollouts(hcp, used, adapter=adapter, stage=stage)
             name = f"{adapter_key}_{config_key}"
             rewards[name] = [t.reward for t in trajs]
             table[name] = Cell(
@@ -56,11 +60,14 @@ def cells(
 
 
 def by_tier(tasks: list[Task], rewards: dict[str, list[float]]) -> dict[str, dict[str, float | int]]:
-    """Each cell's mean reward per task tier, and the tier's task count."""
+    """Each cell's mean reward per task tier (over the tasks it ran on: a cell's rewards follow the task order,
+    and may stop early), and the tier's task count."""
     out: dict[str, dict[str, float | int]] = {}
     for tier in sorted({t.tier for t in tasks}):
         at = [i for i, t in enumerate(tasks) if t.tier == tier]
-        means: dict[str, float | int] = {name: mean([values[i] for i in at]) for name, values in rewards.items()}
+        means: dict[str, float | int] = {
+            name: mean([values[i] for i in at if i < len(values)]) for name, values in rewards.items()
+        }
         out[str(tier)] = means | {"n_tasks": len(at)}
     return out
 
@@ -68,10 +75,13 @@ def by_tier(tasks: list[Task], rewards: dict[str, list[float]]) -> dict[str, dic
 def compare(
     bench: Workbench, split: str, table: dict[str, Cell], rewards: dict[str, list[float]], tasks: list[Task]
 ) -> EvalReport:
-    """The report of a 2x2: the paired gain of the adapter under the original config, its interval, retention."""
+    """The report of a 2x2: the paired gain of the adapter under the original config, its interval, retention
+    (on the tasks the evolved cells ran on, when those are fewer)."""
     diffs = [a - b for a, b in zip(rewards["adapter_original"], rewards["base_original"], strict=True)]
-    prompt_gain = table["base_evolved"].mean - table["base_original"].mean
+    n = len(rewards["base_evolved"])
+    prompt_gain = table["base_evolved"].mean - mean(rewards["base_original"][:n])
     gain = mean(diffs)
+    kept = mean(diffs[:n])
     return EvalReport(
         run_id=bench.run_id,
         round=bench.round,
@@ -81,7 +91,7 @@ def compare(
         reason="",
         gain=gain,
         gain_ci=bootstrap_ci(diffs, bench.seed),
-        retention=gain / prompt_gain if prompt_gain > 0 else None,
+        retention=kept / prompt_gain if prompt_gain > 0 else None,
         tiers=by_tier(tasks, rewards),
     )
 
@@ -95,11 +105,12 @@ def gate(
     dev_tasks: list[Task],
     min_gain: float = 0.0,
     tier_tolerance: float | None = None,
+    evolved_tasks: int | None = None,
 ) -> EvalReport:
     """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its 95% interval lies above zero, and (with
     ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
-    report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate"), dev_tasks)
+    report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate", evolved_tasks), dev_tasks)
     low, high = report.gain_ci
     promote = report.gain > min_gain and low > 0
     c = report.cells
@@ -143,12 +154,20 @@ def with_guard(bench: Workbench, report: EvalReport, guard: Guard) -> EvalReport
 
 
 def held_out(
-    bench: Workbench, original: HCPConfig, evolved: HCPConfig, base: str, candidate: str, test_tasks: list[Task]
+    bench: Workbench,
+    original: HCPConfig,
+    evolved: HCPConfig,
+    base: str,
+    candidate: str,
+    test_tasks: list[Task],
+    evolved_tasks: int | None = None,
 ) -> EvalReport:
-    """The full 2x2 on test tasks, for the report only."""
+    """The 2x2 on test tasks, for the report only."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
-    report = compare(bench, "test", *cells(bench, test_tasks, configs, adapters, "report"), test_tasks)
-    reason = f"held-out table on {len(test_tasks)} test tasks; it decides nothing"
+    report = compare(bench, "test", *cells(bench, test_tasks, configs, adapters, "report", evolved_tasks), test_tasks)
+    n = min(evolved_tasks or len(test_tasks), len(test_tasks))
+    shown = f" (evolved config on the first {n})" if n < len(test_tasks) else ""
+    reason = f"held-out table on {len(test_tasks)} test tasks{shown}; it decides nothing"
     report = report.model_copy(update={"reason": reason})
     bench.store.put_evaluation(report)
     return report

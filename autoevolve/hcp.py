@@ -182,20 +182,21 @@ class HCPConfig(Strict):
             if first_of is not None and self.memory.position == "user" and self.memory.template:
                 content = f"{self._memory(first_of)}\n{content}"
             return {"role": "user", "content": content}
+        # By the chat-completions spec a tool message answers, by id, a ``tool_calls`` entry of the assistant
+        # message before it: so whenever results go back as tool messages, the calls go out as tool_calls too (with
+        # text-rendered tools, beside the call text the model wrote; templates that ignore tool_calls see the text).
+        as_tool = self.tool_format == "native" or self.scaffold.tool_result_role == "tool"
         if message.role == "tool":
-            if self.tool_format == "native":
+            if as_tool:
                 return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
-            if self.scaffold.tool_result_role == "user":
-                return {"role": "user", "content": f"Tool result: {message.content}"}
-            return {"role": "tool", "content": message.content}
+            return {"role": "user", "content": f"Tool result: {message.content}"}
         if message.role == "assistant" and message.tool_calls:
-            if self.tool_format == "native":
-                calls = [c.model_dump() for c in message.tool_calls]
-                return {"role": "assistant", "content": message.content, "tool_calls": calls}
-            return {
-                "role": "assistant",
-                "content": "\n".join(format_call(c, self.call_syntax) for c in message.tool_calls),
-            }
+            text = message.content
+            if self.tool_format != "native":
+                text = "\n".join(format_call(c, self.call_syntax) for c in message.tool_calls)
+            if not as_tool:
+                return {"role": "assistant", "content": text}
+            return {"role": "assistant", "content": text, "tool_calls": [c.model_dump() for c in message.tool_calls]}
         return {"role": message.role, "content": message.content}
 
     @classmethod

@@ -26,7 +26,7 @@ from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs import make_env
 from autoevolve.evaluate import gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators
-from autoevolve.hcp import HCPConfig
+from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan
@@ -255,20 +255,31 @@ def stage_select(r: Round) -> Selection:
 
 def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:
     """Per tier in play, the kept config with the best dev score on that tier's tasks (the best overall among
-    equals), sampled at the select temperature: a new tier's samples come from the config that opened it."""
+    equals), sampled at the select temperature: a new tier's samples come from the config that opened it. A tier
+    no kept config scores on is sampled with its own references as demos (``select.new_tier_demos``)."""
+    s = r.config.select
     tier_of = {t.id: t.tier for t in tasks_in_play(r, "dev", r.config.evolve.dev_tasks)}
     kept = [c for c in evolved.candidates if c.status == "keep"]
     out = {}
     for tier in task_plan(r).tiers:
-        top = max(
-            kept,
-            key=lambda c: (
-                mean([v for task, v in c.scores.items() if tier_of.get(task) == tier]),
-                c.hcp_id == evolved.best.id,
-            ),
-        )
-        out[tier] = evolved.configs[top.hcp_id].sampled(r.config.select.temperature)
+        score = {c.hcp_id: mean([v for task, v in c.scores.items() if tier_of.get(task) == tier]) for c in kept}
+        top = max(kept, key=lambda c: (score[c.hcp_id], c.hcp_id == evolved.best.id))
+        hcp = evolved.configs[top.hcp_id]
+        if score[top.hcp_id] == 0.0 and s.new_tier_demos and r.config.evolve.references:
+            hcp = tier_demos(r, tier, s.new_tier_demos) or hcp
+        out[tier] = hcp.sampled(s.temperature)
     return out
+
+
+def tier_demos(r: Round, tier: int, k: int) -> HCPConfig | None:
+    """The original config showing k of a tier's labelled train solutions as full demos, the nearest per task
+    (a task never sees its own); None when the tier's train tasks have no labels."""
+    tasks = [t for t in curriculum.train_of(r.bench, task_plan(r), r.config.select.train_tasks) if t.tier == tier]
+    items = [Demo(task_id=t.id, messages=m) for t in tasks if (m := r.bench.env.reference(t))]
+    if len(items) < 2:
+        return None
+    demos = Demos(items=items, select="nearest", k=min(k, len(items) - 1), style="full")
+    return r.original.model_copy(update={"demos": demos})
 
 
 def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
@@ -326,7 +337,7 @@ def stage_gate(r: Round) -> EvalReport:
     dev = tasks_in_play(r, "dev", r.config.gate.dev_tasks)
     report = gate(
         r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain,
-        tier_tolerance=r.config.gate.tier_tolerance,
+        tier_tolerance=r.config.gate.tier_tolerance, evolved_tasks=r.config.gate.evolved_tasks,
     )  # fmt: skip
     g = r.config.gate.guard
     if g is not None:
@@ -363,7 +374,7 @@ def stage_report(r: Round) -> EvalReport:
     so rounds compare task by task."""
     evolved, (record, _) = result(r, "evolve"), result(r, "decide")
     test = r.bench.env.tasks("test")[: r.config.gate.test_tasks]
-    return held_out(r.bench, r.original, evolved.best, r.base_ref, record.ref, test)
+    return held_out(r.bench, r.original, evolved.best, r.base_ref, record.ref, test, r.config.gate.evolved_tasks)
 
 
 # -- what each stage hands on, as stored JSON (ids of records the store keeps anyway) ----------------

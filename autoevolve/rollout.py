@@ -110,29 +110,33 @@ def apply(
     call_id: str = "call_1",
     adapter: str | None = None,
 ) -> tuple[bool, str]:
-    """Apply one model reply: run its tool call, or take it as the final answer, or say why it failed.
+    """Apply one model reply: run its tool calls, or take it as the final answer, or say why it failed.
 
-    Appends the reply (and the tool result) to ``messages``, the assistant message tagged with ``adapter`` when
-    given; returns (done, error): done once the episode needs no further model call, error '' unless it failed.
+    Appends the reply (and one tool result per call, in order) to ``messages``, the assistant message tagged with
+    ``adapter`` when given; returns (done, error): done once the episode needs no further model call, error '' unless
+    it failed. A reply may hold several native calls (parallel calls); a text reply is read for its first call.
     """
     if completion.error:
         return True, f"backend error: {completion.error}"
     try:
-        call = _call_of(completion, hcp, task)
-        if call is None:
+        calls = _calls_of(completion, hcp, task)
+        if not calls:
             messages.append(Message(role="assistant", content=completion.text.strip(), adapter=adapter))
             return True, ""
-        name, arguments = call
         tools = hcp.tools_for(task)
-        spec = next((t for t in tools if t["function"]["name"] == name), None)
-        if spec is None:
-            raise CallError(f"unknown tool {name!r} (known: {', '.join(_names(tools))})")
-        arguments = check_arguments(spec, arguments)
-        tool_call = ToolCall.make(call_id, name, arguments)
-        messages.append(Message(role="assistant", content="", tool_calls=[tool_call], adapter=adapter))
-        result = episode.call(name, arguments)
-        messages.append(Message(role="tool", content=result, tool_call_id=tool_call.id))
-        return episode.finished, ""  # e.g. a function-calling question ends with its one call
+        tool_calls = []
+        for i, (name, arguments) in enumerate(calls):
+            spec = next((t for t in tools if t["function"]["name"] == name), None)
+            if spec is None:
+                raise CallError(f"unknown tool {name!r} (known: {', '.join(_names(tools))})")
+            # The first call keeps the step's id (stored conversations read the same); more get a suffix.
+            tool_calls.append(
+                ToolCall.make(call_id if i == 0 else f"{call_id}_{i + 1}", name, check_arguments(spec, arguments))
+            )
+        messages.append(Message(role="assistant", content="", tool_calls=tool_calls, adapter=adapter))
+        for call in tool_calls:
+            messages.append(Message(role="tool", content=episode.call(call.name, call.arguments), tool_call_id=call.id))
+        return episode.finished, ""  # e.g. a function-calling question ends with its expected calls
     except CallError as exc:
         messages.append(Message(role="assistant", content=completion.text, adapter=adapter))
         return True, str(exc)
@@ -140,15 +144,18 @@ def apply(
         return True, f"unknown tool: {exc}"
 
 
-def _call_of(completion: Completion, hcp: HCPConfig, task: Task) -> tuple[str, dict] | None:
-    """The tool call in a completion: a native one if the backend parsed it, else parsed from text."""
+def _calls_of(completion: Completion, hcp: HCPConfig, task: Task) -> list[tuple[str, dict]]:
+    """The tool calls in a completion: the native ones if the backend parsed any, else the first parsed from text."""
     if completion.tool_calls:
-        call = completion.tool_calls[0]
-        try:
-            return call.name, call.arguments
-        except ValueError as exc:
-            raise CallError(f"arguments of {call.name!r} are not valid JSON: {exc}") from None
-    return parse(completion.text, _names(hcp.tools_for(task)))
+        calls = []
+        for call in completion.tool_calls:
+            try:
+                calls.append((call.name, call.arguments))
+            except ValueError as exc:
+                raise CallError(f"arguments of {call.name!r} are not valid JSON: {exc}") from None
+        return calls
+    call = parse(completion.text, _names(hcp.tools_for(task)))
+    return [call] if call else []
 
 
 def _names(tools: list[dict]) -> list[str]:

@@ -133,3 +133,22 @@ def test_a_tier_that_drops_beyond_the_tolerance_rejects_a_gain(tmp_path) -> None
     assert plain.decision == loose.decision == "promote" and strict.decision == "reject"
     drops = "; per tier: tier 1 +1.000, tier 2 -0.250 (tolerance 0.200): tier 2 dropped beyond it"
     assert strict.reason.endswith(drops)
+
+
+def test_evolved_cells_on_fewer_tasks_read_retention_on_those_tasks_only(tmp_path) -> None:
+    env = LifeEnv(tiers=(1, 2))
+    tasks = env.tasks("dev")[:8]  # tiers 1, 2, 1, 2, ...
+    evolved = ORIGINAL.model_copy(update={"tool_format": "python"})
+    with Store(tmp_path / "s.duckdb") as store:
+        _put(store, tasks, "", ORIGINAL, [0.0] * 8)
+        _put(store, tasks, "L1@v2", ORIGINAL, [1.0] * 4 + [0.0] * 4)
+        _put(store, tasks[:4], "", evolved, [1.0, 0.0, 0.0, 0.0])  # the evolved cells exist on 4 tasks only:
+        _put(store, tasks[:4], "L1@v2", evolved, [1.0] * 4)  # NoCalls fails the test if a fifth is asked for
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        report = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks, evolved_tasks=4)
+        test = held_out(bench, ORIGINAL, evolved, "", "L1@v2", tasks, evolved_tasks=4)
+    assert report.cells["base_evolved"].n == 4 and report.cells["adapter_original"].n == 8
+    assert report.gain == 0.5  # the decision reads all 8 original-config tasks
+    assert report.retention == pytest.approx(4.0)  # gain 1.0 on those 4 tasks where the evolved prompt gained 0.25
+    assert report.tiers["1"]["base_evolved"] == 0.5 and report.tiers["2"]["n_tasks"] == 4
+    assert test.reason == "held-out table on 8 test tasks (evolved config on the first 4); it decides nothing"

@@ -54,7 +54,15 @@ def test_render_writes_calls_in_the_call_syntax(env: LifeEnv, original: HCPConfi
         == '{"name": "book_table", "arguments": {"restaurant_id": "R-101", "party_size": 2, "time": "19:00"}}'
     )
     assert as_python[2]["content"] == 'book_table(restaurant_id="R-101", party_size=2, time="19:00")'
-    assert as_json[3] == {"role": "tool", "content": '{"ok": true}'}
+    assert as_json[3] == {"role": "tool", "tool_call_id": "call_1", "content": '{"ok": true}'}
+    assert as_json[2]["tool_calls"] == [call.model_dump()]  # the call the tool message answers, by id (the spec)
+    as_user = original.model_copy(
+        update={"scaffold": original.scaffold.model_copy(update={"tool_result_role": "user"})}
+    )
+    assert as_user.render(task, history)[0][2:] == [
+        {"role": "assistant", "content": as_json[2]["content"]},
+        {"role": "user", "content": 'Tool result: {"ok": true}'},
+    ]
     native = original.model_copy(update={"tool_format": "native"}).render(task, history)
     assert native[1] is not None and native[0][2]["tool_calls"][0]["function"]["name"] == "book_table"
 

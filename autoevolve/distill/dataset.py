@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from autoevolve.hcp import HCPConfig
+from autoevolve.model import chat_text
 from autoevolve.records import Task, Trajectory
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def native_tools(original: HCPConfig) -> list[dict] | None:
 
 def _ids(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> list[int]:
     """Token ids of a conversation rendered by the tokenizer's chat template."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    text = chat_text(tokenizer, messages, tools, generation_prompt)
     # The template writes any BOS itself; letting the tokenizer add one too would double it.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

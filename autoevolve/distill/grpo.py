@@ -19,6 +19,7 @@ from autoevolve.distill.dpo import DPOSettings
 from autoevolve.distill.sft import TrainResult, fit, trainer_args
 from autoevolve.envs import Environment
 from autoevolve.hcp import HCPConfig
+from autoevolve.model import chat_text
 from autoevolve.records import Message, Task
 from autoevolve.rollout import score_reply
 
@@ -55,7 +56,7 @@ def grpo_prompts(tasks: list[Task], original: HCPConfig, tokenizer: Any) -> list
     rows = []
     for task in tasks:
         messages, tools = original.render(task, [Message(role="user", content=task.request)])
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        text = chat_text(tokenizer, messages, tools, generation_prompt=True)
         rows.append({"prompt": text, "task_id": task.id})
     return rows
 

@@ -77,9 +77,7 @@ class LocalPolicy:
 
     def _template(self, request: ChatRequest) -> str:
         """The prompt text under the model's chat template."""
-        return self.tokenizer.apply_chat_template(
-            request.messages, tools=request.tools, tokenize=False, add_generation_prompt=True
-        )
+        return model_loader.chat_text(self.tokenizer, request.messages, request.tools, generation_prompt=True)
 
     def _encode_text(self, request: ChatRequest) -> list[int]:
         """Token ids of a request's prompt."""

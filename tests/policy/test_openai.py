@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.openai import OpenAIPolicy
+from tests.policy.fake_http import JSONHandler, serving
 
 
 @pytest.fixture(scope="module")
@@ -18,10 +17,7 @@ def server(tiny_policy):
     """Serves /v1/chat/completions from the tiny model; model 'fail' answers 500, model 'slow' hangs 3 s."""
     seen: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
+    class Handler(JSONHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(body)
@@ -55,18 +51,8 @@ def server(tiny_policy):
                 },
             )
 
-        def _send(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", seen
-    httpd.shutdown()
+    with serving(Handler) as url:
+        yield url, seen
 
 
 def _policy(url: str, **kwargs) -> OpenAIPolicy:

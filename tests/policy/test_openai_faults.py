@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -17,6 +17,7 @@ from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.openai import MAX_BACKOFF_S, OpenAIPolicy, backoff_delay
 from autoevolve.rollout import rollout
+from tests.policy.fake_http import JSONHandler
 
 TIMEOUT_S = 2.0  # generous: a loaded 2-core machine once took over 0.5 s to answer a plain 422
 HANG_S = 8.0  # well past TIMEOUT_S; the hanging handler is released at teardown
@@ -44,10 +45,7 @@ def fake():
     """A ThreadingHTTPServer serving /v1/chat/completions as told by a Fake; yields (base url, fake)."""
     state = Fake()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
+    class Handler(JSONHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             messages = body["messages"]
@@ -74,17 +72,6 @@ def fake():
             choice = {"index": 0, "message": message, "finish_reason": "stop"}
             reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"], "usage": usage}
             self._send(200, reply | {"choices": [choice]})
-
-        def _send(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            except OSError:  # a hung request's client has long gone
-                pass
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

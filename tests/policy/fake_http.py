@@ -1,0 +1,39 @@
+"""The JSON-over-HTTP plumbing the fake chat-completions servers of these tests share."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """A quiet handler that answers JSON bodies."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:  # the client has gone (a timed-out or hung request)
+            pass
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve the handler on a free local port in a thread; yields the /v1 base url."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
