@@ -29,6 +29,7 @@ from tests.policy.fake_http import JSONHandler, serving
 ROOT = Path(__file__).resolve().parents[2]
 ENV = LifeEnv(tiers=(1, 2), n_train=24, n_dev=8, n_test=4)  # the round test's environment, scripted by reference
 FORMATS = ["compact", "json", "python", "native"]
+BY_REQUEST = {t.request: t for split in ("train", "dev", "test") for t in ENV.tasks(split)}
 
 BODY_KEYS = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "tools"}
 BODY_KEYS |= {"tool_choice", "parallel_tool_calls", "n", "stop", "stream", "user", "frequency_penalty"}
@@ -115,10 +116,9 @@ def spec_errors(body: dict[str, Any]) -> list[str]:
 def _reply(body: dict[str, Any]) -> dict[str, Any]:
     """The task's next reference turn: the task is the last user request the environment knows; its step is the
     number of assistant turns since. Native requests get native tool_calls, text ones the call as text."""
-    by_request = {t.request: t for split in ("train", "dev", "test") for t in ENV.tasks(split)}
     messages = body["messages"]
-    at = max(i for i, m in enumerate(messages) if m["role"] == "user" and _task_of(m["content"], by_request))
-    task = _task_of(messages[at]["content"], by_request)
+    at = max(i for i, m in enumerate(messages) if m["role"] == "user" and _task_of(m["content"]))
+    task = _task_of(messages[at]["content"])
     step = sum(m["role"] == "assistant" for m in messages[at:])
     gold = ENV.reference(task.model_copy(update={"split": "train"}))  # the oracle knows every split's answer
     turn = [m for m in gold if m.role == "assistant"][step]
@@ -130,9 +130,9 @@ def _reply(body: dict[str, Any]) -> dict[str, Any]:
     return {"role": "assistant", "content": format_call(turn.tool_calls[0], "json")}
 
 
-def _task_of(content: str, by_request: dict):  # noqa: ANN202
+def _task_of(content: str):  # noqa: ANN202
     """The task whose request a user message ends with (memory may come before it), else None."""
-    return next((t for request, t in by_request.items() if content.endswith(request)), None)
+    return next((t for request, t in BY_REQUEST.items() if content.endswith(request)), None)
 
 
 class Strict:
