@@ -73,8 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"autoevolve: config error: {exc}", file=sys.stderr)
         return 2
+    try:  # the environment's data too: a broken task file stops here, before any model loads
+        tasks = _load_tasks(config)
+    except ValueError as exc:
+        print(f"autoevolve: env error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "check":
-        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id})")
+        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks})")
         return 0
     if args.command == "deploy":
         return _deploy(config, args.config, args.dry_run)
@@ -112,7 +117,7 @@ def _read(args: argparse.Namespace) -> int:
         run_candidates,
         run_selections,
     )
-    from autoevolve.store import Store, StoreBusy, StoreTooNew
+    from autoevolve.store import Store, StoreError
 
     if not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -133,7 +138,7 @@ def _read(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
         return 2
-    except (LineageError, StoreBusy, StoreTooNew) as exc:
+    except (LineageError, StoreError) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     return 0
@@ -144,8 +149,9 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
     reg = sub.add_parser("registry", help="the adapter registry: experts, versions, the live one")
     reg.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     act = reg.add_subparsers(dest="action", required=True)
-    act.add_parser("list", help="every expert with its live version")
-    act.add_parser("show", help="an expert's versions and history").add_argument("name")
+    lst = act.add_parser("list", help="every expert with its live version")
+    show = act.add_parser("show", help="an expert's versions and history")
+    show.add_argument("name")
     pro = act.add_parser("promote", help="make a version the expert's live one")
     pro.add_argument("name")
     pro.add_argument("version", type=int)
@@ -160,12 +166,14 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
     add.add_argument("--base-model", required=True, help="base model id every version must be trained on")
     add.add_argument("--tier", type=int, default=1, help="0: the entry expert; 1+: experts it routes to")
     add.add_argument("--rule", default="", help="routing rule: one sentence saying when to hand a turn here")
+    for p in (lst, show, pro, back, add):  # --store before or after the action: both read the same
+        p.add_argument("--store", default=argparse.SUPPRESS, help=f"DuckDB store (default {DEFAULT_STORE})")
 
 
 def _registry(args: argparse.Namespace) -> int:
     """Run a registry action; exit 2 with one line for an unknown expert or version, a refused adapter, a busy store."""
     from autoevolve import registry
-    from autoevolve.store import Store, StoreBusy, StoreTooNew
+    from autoevolve.store import Store, StoreError
 
     if args.action in ("list", "show") and not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -188,13 +196,22 @@ def _registry(args: argparse.Namespace) -> int:
     except KeyError as exc:
         print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
         return 2
-    except (ValueError, StoreBusy, StoreTooNew) as exc:
+    except (ValueError, StoreError) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
     except registry.PromotionRolledBack as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _load_tasks(config: RunConfig) -> str:
+    """Build the run's environment and its splits (ValueError naming the file and line of bad data)."""
+    from autoevolve.envs import make_env
+
+    env = make_env(config.env.name, **config.env.options())
+    sizes = {split: len(env.tasks(split)) for split in ("train", "dev", "test")}
+    return f"env {config.env.name}: " + ", ".join(f"{n} {split}" for split, n in sizes.items()) + " tasks"
 
 
 def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported lazily
@@ -205,24 +222,29 @@ def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported 
 
 
 def _run(config: RunConfig) -> int:
-    """Run the round flow (imported here: the library itself never imports Prefect)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry writes racing the flow
-    from autoevolve.store import Store, StoreBusy, StoreTooNew
+    """Run the round flow (imported here: the library itself never imports Prefect; importing flows sets the
+    offline environment)."""
+    from autoevolve.loop import check_run
+    from autoevolve.store import Store, StoreError
+    from autoevolve.workbench import EndpointDown
     from flows.loop import loop_flow
 
-    try:  # a store this code cannot write stops here, with one line, before any model loads
-        Store(config.store).close()
-    except (StoreBusy, StoreTooNew) as exc:
+    try:  # a store this code cannot write, or a run recorded otherwise, stops here before any model loads
+        with Store(config.store) as store:
+            check_run(store, config)
+    except (StoreError, ConfigError) as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 2
-    loop_flow(config)
+    try:
+        loop_flow(config)
+    except EndpointDown as exc:  # the endpoint's fault, not the input's: exit 1, the message says what to fix
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _deploy(config: RunConfig, path: str, dry_run: bool) -> int:
     """Create or update the run's deployments (imported here: the library itself never imports Prefect)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.deploy import DeployError, apply_deployments
 
     try:

@@ -8,6 +8,7 @@ are relative to the working directory.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -59,8 +60,12 @@ class OpenAISettings(Section):
     api_key_env: str = Field(default="OPENAI_API_KEY", description="Environment variable holding the key.")
     concurrency: int = Field(default=8, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=2, ge=0)
-    backoff_s: float = Field(default=0.5, ge=0, description="First retry delay; doubles each retry, capped at 8 s.")
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        description="Retries of a connection error, timeout, 408/409/429 or 5xx, by the openai client (backoff from "
+        "0.5 s doubling to 8 s, or the server's Retry-After).",
+    )
     load_adapters: bool = Field(
         default=True,
         description="Load each adapter the round uses into the server (vLLM /v1/load_lora_adapter); false: the "
@@ -80,6 +85,13 @@ class ModelSettings(Section):
         "bf16 arithmetic (AVX512-BF16, AMX), float32 elsewhere. Training keeps float32 master weights either way.",
     )
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
+    endpoint_stop: float | None = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="A stage stops when more than this share of a batch (4 rollouts or more) failed at the policy "
+        "endpoint with the same error, printing the server's message and the request it refused; None: never.",
+    )
 
 
 MutatorName = Literal["demos", "tool_format", "scaffold", "reflective", "merge"]
@@ -189,7 +201,9 @@ class SelectSettings(Section):
     samples: int = Field(default=1, gt=0, description="Rollouts per task under both configs; their means are compared.")
     max_per_task: int = Field(default=1, gt=0, description="Distinct winning rollouts kept per task at most.")
     tier_ratio: float | None = Field(
-        default=2.0, ge=1.0, description="No tier keeps more than this x the items of the tier with fewest; None: off."
+        default=2.0,
+        ge=1.0,
+        description="No tier keeps more than this x the items of a harder tier (the fewest); None: off.",
     )
     best_of: int = Field(
         default=1,
@@ -382,6 +396,27 @@ class RunConfig(Section):
 
 class ConfigError(ValueError):
     """A config that cannot run; the message is one line naming the file and field."""
+
+
+# Settings a run may change between its invocations: where things go, how long it runs, who is told.
+OPERATIONAL = ("rounds", "store", "run_dir", "registry", "deploy", "model.batch_size")
+
+
+def changed_settings(before: dict[str, Any], after: dict[str, Any], prefix: str = "") -> list[str]:
+    """'field: old -> new' for each setting that differs between two dumped run configs, operational ones aside.
+
+    A setting only one side has (added by a newer version, with its default) is not a change.
+    """
+    out = []
+    for key in sorted(set(before) & set(after)):
+        name, old, new = f"{prefix}{key}", before[key], after[key]
+        if name in OPERATIONAL:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += changed_settings(old, new, f"{name}.")
+        elif old != new:
+            out.append(f"{name}: {json.dumps(old)} -> {json.dumps(new)}")
+    return out
 
 
 def load_config(path: str | Path) -> RunConfig:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoevolve.records import Message, Task
 
@@ -102,6 +102,9 @@ ToolFormat = Literal["native", "json", "python", "compact"]
 CallSyntax = Literal["json", "python"]
 
 
+PLACEHOLDERS = ("tools", "call_format", "memory", "routing")  # what ``HCPConfig._system`` fills in
+
+
 class HCPConfig(Strict):
     """A harness config. Mutators change components; the environment's scorer is never part of it."""
 
@@ -118,6 +121,16 @@ class HCPConfig(Strict):
     routing: str = Field(default="", description="Routing instructions (which expert handles what).")
     sampling: Sampling = Field(default_factory=Sampling)
     scaffold: Scaffold = Field(default_factory=Scaffold)
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _known_placeholders(cls, text: str) -> str:
+        """A ``{name}`` the harness does not fill would reach the model as it is: refuse it."""
+        unknown = sorted(set(re.findall(r"\{([A-Za-z_]\w*)\}", text)) - set(PLACEHOLDERS))
+        if unknown:
+            known = ", ".join(f"{{{p}}}" for p in PLACEHOLDERS)
+            raise ValueError(f"unknown placeholder {{{unknown[0]}}}; the harness fills {known}: rename or remove it")
+        return text
 
     @property
     def id(self) -> str:
@@ -155,7 +168,7 @@ class HCPConfig(Strict):
 
     def _system(self, task: Task) -> str:
         """Fill the system prompt template."""
-        filled = {
+        filled = {  # the keys of PLACEHOLDERS
             "{tools}": render_tools(self.tools_for(task), self.tool_format),
             "{call_format}": self._call_format(),
             "{memory}": self._memory(task) if self.memory.position == "system" else "",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autoevolve import curriculum, registry
-from autoevolve.config import RunConfig
+from autoevolve.config import ConfigError, RunConfig, changed_settings
 from autoevolve.distill import TrainResult
 from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs import make_env
@@ -32,8 +32,8 @@ from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan
 from autoevolve.report import write_report
 from autoevolve.select import select
-from autoevolve.store import Store
-from autoevolve.workbench import Workbench, mean
+from autoevolve.store import Store, StoreBusy
+from autoevolve.workbench import EndpointDown, Workbench, mean
 
 STAGES = ("plan", "evolve", "select", "distill", "gate", "decide", "report")
 
@@ -82,7 +82,6 @@ def make_policy(config: RunConfig) -> Policy:
             o.concurrency,
             o.timeout_s,
             o.max_retries,
-            backoff_s=o.backoff_s,
             load_adapters=o.load_adapters,
         )
     from autoevolve.policy.local import LocalPolicy
@@ -105,6 +104,11 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
     """
     store = Store(config.store)
     run_id = str(config.run_id)
+    try:
+        check_run(store, config)
+    except ConfigError:
+        store.close()
+        raise
     round = next_round(store, run_id) if round is None else round
     store.put_run(run_id, json.loads(config.model_dump_json()))
     started = store.stage_result(run_id, round, "start")
@@ -118,8 +122,53 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
     policy = policy or make_policy(config)
     if live is not None:
         policy.add_adapter(live.ref, live.path)
-    bench = Workbench(policy=policy, env=env, store=store, run_id=run_id, round=round, seed=config.seed)
+    bench = Workbench(
+        policy=policy,
+        env=env,
+        store=store,
+        run_id=run_id,
+        round=round,
+        seed=config.seed,
+        endpoint_stop=config.model.endpoint_stop,
+    )
     return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live)
+
+
+def check_run(store: Store, config: RunConfig) -> None:
+    """Refuse, with ConfigError, a run that could not go on: recorded under other settings (its rounds would not
+    be comparable), or an expert whose live adapter is gone or was trained on another base model."""
+    expert = next((e for e in store.experts() if e.name == config.expert), None)
+    base = base_model_id(config.model.name)
+    if expert is not None and expert.base_model != base:
+        raise ConfigError(
+            f"expert {config.expert} in {store.path} is trained on {expert.base_model}, but model.name is {base}: "
+            "set model.name to it, or name another expert"
+        )
+    live = store.promoted_adapter(config.expert)
+    if live is not None:
+        try:
+            registry.check_adapter_folder(Path(live.path), base)
+        except ValueError as exc:
+            raise ConfigError(
+                f"live adapter {live.ref}: {exc}; restore the folder, or put back an earlier version with "
+                f"`autoevolve registry --store {store.path} rollback {config.expert}`"
+            ) from None
+    stored = store.run_config(str(config.run_id))
+    changes = changed_settings(stored, json.loads(config.model_dump_json())) if stored else []
+    if changes:
+        more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
+        raise ConfigError(
+            f"run {config.run_id} in {store.path} was recorded with other settings: {'; '.join(changes[:3])}{more}; "
+            "put them back to go on with it, or give the new settings a new run_id"
+        )
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether running a stage again later may succeed: an endpoint that failed transiently, a store held by another
+    process, a dropped connection; never a config, data or code error (those fail the same way every time)."""
+    if isinstance(exc, EndpointDown):
+        return exc.transient
+    return isinstance(exc, StoreBusy | ConnectionError | TimeoutError)
 
 
 def reopen(r: Round) -> None:
@@ -342,7 +391,8 @@ def stage_gate(r: Round) -> EvalReport:
     g = r.config.gate.guard
     if g is not None:
         b = r.bench
-        bench = Workbench(b.policy, make_env(g.env.name, **g.env.options()), b.store, b.run_id, b.round, b.seed)
+        env = make_env(g.env.name, **g.env.options())
+        bench = Workbench(b.policy, env, b.store, b.run_id, b.round, b.seed, endpoint_stop=b.endpoint_stop)
         hcp = HCPConfig.from_yaml(g.hcp) if g.hcp else r.original
         tasks = bench.env.tasks("dev")[: g.tasks]
         report = with_guard(bench, report, guard_check(bench, hcp, r.base_ref, record.ref, tasks, g.tolerance, g.label))

@@ -16,6 +16,8 @@ from autoevolve.policy import ChatRequest, Completion, Policy
 from autoevolve.records import Message, Task, ToolCall, Trajectory
 from autoevolve.toolcall import CallError, check_arguments, parse
 
+ENDPOINT_ERROR = "backend error: "  # how a rollout that failed at the policy endpoint begins its error
+
 
 @dataclass
 class _Run:
@@ -117,7 +119,7 @@ def apply(
     it failed. A reply may hold several native calls (parallel calls); a text reply is read for its first call.
     """
     if completion.error:
-        return True, f"backend error: {completion.error}"
+        return True, f"{ENDPOINT_ERROR}{completion.error}"
     try:
         calls = _calls_of(completion, hcp, task)
         if not calls:

@@ -6,9 +6,10 @@ config that beats it by more than the margin contributes its best samples (disti
 temperature raised) adds that many samples on each task of that tier the original has not solved, each of which
 wins on its own reward: rejection sampling against the environment's own scorer, so a round whose search moved
 little still finds rollouts that beat the live adapter. Their sample numbers start at ``round * best_of``, so
-each round draws new ones. Then no tier may keep more than ``tier_ratio`` times the items of the tier with the
-fewest, so easy tasks do not dominate. Each item names the baseline rollout it beat (the original's lowest-reward
-sample), which also makes the (chosen, rejected) pairs for preference training.
+each round draws new ones. Then no tier may keep more than ``tier_ratio`` times the items of the harder tier
+with the fewest, so easy tasks do not dominate and a hard tier is never cut to make room for an easy one. Each
+item names the baseline rollout it beat (the original's lowest-reward sample), which also makes the (chosen,
+rejected) pairs for preference training.
 """
 
 from __future__ import annotations
@@ -103,17 +104,17 @@ def _calls(message: Message) -> list[tuple[str, str]]:
 def _balance(
     kept: list[tuple[Trajectory, Trajectory]], tiers: dict[str, int], ratio: float | None
 ) -> list[tuple[Trajectory, Trajectory]]:
-    """Cap each tier at ``ratio`` x the smallest tier's count, keeping the largest gains over the baseline."""
+    """Cap each tier at ``ratio`` x the count of the harder tier (higher number) with the fewest items, keeping
+    the largest gains over the baseline: easy wins never crowd out hard ones, and the hardest tier is never cut."""
     if ratio is None:
         return kept
     by_tier: dict[int, list[tuple[Trajectory, Trajectory]]] = defaultdict(list)
     for pair in kept:
         by_tier[tiers[pair[0].task_id]].append(pair)
-    if len(by_tier) < 2:
-        return kept
-    cap = max(1, math.floor(ratio * min(len(v) for v in by_tier.values())))
     out = []
-    for pairs in by_tier.values():
+    for tier, pairs in by_tier.items():
+        harder = [len(v) for t, v in by_tier.items() if t > tier]
+        cap = max(1, math.floor(ratio * min(harder))) if harder else len(pairs)
         out += sorted(pairs, key=lambda p: (p[1].reward - p[0].reward, p[0].task_id))[:cap]
     return sorted(out, key=lambda p: (p[0].task_id, -p[0].reward))
 

@@ -1,0 +1,36 @@
+"""The Prefect flows: the loop, a round, one flow per stage, and the deployments.
+
+Importing the package sets what an offline run needs, for every entry point (``autoevolve``, ``python -m
+flows.stages``, the bench scripts), each only where the user has not set it: no telemetry from Prefect's temporary
+server (offline it logs an error on every start), no Hugging Face hub lookups, no tokenizer fork warnings. The library's
+``autoevolve.*`` loggers also reach the logs of the flow or task run they log in.
+"""
+
+import logging
+import os
+
+for _name, _value in (
+    ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
+    ("HF_HUB_OFFLINE", "1"),
+    ("TOKENIZERS_PARALLELISM", "false"),
+):
+    os.environ.setdefault(_name, _value)
+
+from prefect.context import FlowRunContext, TaskRunContext  # noqa: E402 - after the settings above
+from prefect.logging.handlers import APILogHandler  # noqa: E402
+
+
+class RunLogHandler(APILogHandler):
+    """Prefect's API log handler for the library's loggers, inside a flow or task run only (outside one, a
+    library record has no run to belong to; the terminal shows it as any Python log record)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if FlowRunContext.get() is not None or TaskRunContext.get() is not None:
+            super().emit(record)
+
+
+_library = logging.getLogger("autoevolve")
+if not any(isinstance(h, RunLogHandler) for h in _library.handlers):
+    _library.addHandler(RunLogHandler())
+if _library.level == logging.NOTSET:
+    _library.setLevel(logging.INFO)

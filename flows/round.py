@@ -1,10 +1,10 @@
 """The round flow: one Prefect task per stage, read top to bottom like the round itself.
 
-Stages that call the policy endpoint retry (every stage is idempotent: stored rollouts are reused) and carry the tag
-``autoevolve-policy``, so ``prefect concurrency-limit create autoevolve-policy 4`` bounds how many of them run
-against the endpoint at once. With ``distill.deployment`` set, stage 3 runs as a flow run of that deployment (the
-GPU work pool). Each round leaves a Markdown report and a table of its candidates as artifacts, and a progress
-artifact follows its rollouts while they run.
+Stages that call the policy endpoint retry on transient errors only (every stage is idempotent: stored rollouts are
+reused) and carry the tag ``autoevolve-policy``, so ``prefect concurrency-limit create autoevolve-policy 4`` bounds
+how many of them run against the endpoint at once. With ``distill.deployment`` set, stage 3 runs as a flow run of
+that deployment (the GPU work pool). Each round leaves a Markdown report and a table of its candidates as
+artifacts, and a progress artifact follows its rollouts while they run.
 
 Run: autoevolve run configs/quickstart.yaml   (or: python -m flows.round configs/quickstart.yaml)
 """
@@ -39,10 +39,20 @@ from autoevolve.workbench import Progress
 
 POLICY_TAG = "autoevolve-policy"
 
+
+def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a stage only on an error that may pass (endpoint down, store busy, network), never on a config, data or
+    code error: those would fail the same way again."""
+    error = state.data if isinstance(state.data, BaseException) else state.result(raise_on_failure=False)
+    return isinstance(error, BaseException) and loop.transient(error)
+
+
 # Stage inputs are live objects (policy, store); they are not cached across runs, the store is the cache.
 stage = task(cache_policy=NONE)
 # A retry reruns the whole stage, which loads every rollout already stored and generates only the missing ones.
-policy_stage = task(cache_policy=NONE, retries=2, retry_delay_seconds=30, tags=[POLICY_TAG])
+policy_stage = task(
+    cache_policy=NONE, retries=2, retry_delay_seconds=30, retry_condition_fn=retry_transient, tags=[POLICY_TAG]
+)
 
 
 @policy_stage

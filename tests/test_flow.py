@@ -136,3 +136,47 @@ def test_the_router_environment_runs_through_the_same_round(tmp_path: Path, pref
     assert all(r.messages[0].content for r in rows)
     # The tiny model's garbage never routes: only the small-talk third of the dev tasks, answered by L0, scores.
     assert report["evolve"]["dev_original"] == pytest.approx(2 / 6)
+
+
+def test_the_flows_run_offline_outside_make() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_OFFLINE")}
+    code = (
+        "import flows.stages, logging, os; from prefect.settings import get_current_settings as s; "
+        "from prefect.logging.handlers import APILogHandler as H; "
+        "print(s().server.analytics_enabled, os.environ['HF_HUB_OFFLINE'], "
+        "any(isinstance(h, H) for h in logging.getLogger('autoevolve').handlers))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    # No telemetry attempt from the temporary server; the library's loggers reach a flow run's logs.
+    assert done.stdout.split() == ["False", "1", "True"]
+
+
+def test_the_loop_runs_a_round_again_after_a_transient_error_only(prefect_harness, monkeypatch) -> None:
+    import flows.loop
+    from autoevolve.store import StoreBusy
+
+    calls: list[int] = []
+
+    def failing(errors: list[BaseException]):
+        def round_flow(config, round):  # noqa: ANN001, ANN202 - stands in for the round flow
+            calls.append(round)
+            raise errors.pop(0)
+
+        return round_flow
+
+    config = load_config(ROOT / "configs/quickstart.yaml")
+    monkeypatch.setattr(flows.loop, "RETRY_DELAY_S", 0.0)
+    monkeypatch.setattr(flows.loop, "round_flow", failing([StoreBusy("held"), ValueError("bad data")]))
+    with pytest.raises(ValueError, match="bad data"):
+        flows.loop.loop_flow(config)
+    assert calls == [0, 0]  # the busy store: once more; the data error then stops the loop
+    calls.clear()
+    monkeypatch.setattr(flows.loop, "round_flow", failing([ValueError("bad field")]))
+    with pytest.raises(ValueError, match="bad field"):
+        flows.loop.loop_flow(config)
+    assert calls == [0]

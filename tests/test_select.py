@@ -123,6 +123,22 @@ def test_no_tier_dominates_the_selection(tmp_path) -> None:
     assert sorted(i.task_id for i in capped.items) == sorted([ones[1].id, ones[3].id, two.id])
 
 
+def test_a_hard_tier_is_never_cut_for_an_easy_one(tmp_path) -> None:
+    env = LifeEnv(tiers=(1, 2))
+    one = next(t for t in env.tasks("train") if t.tier == 1)
+    twos = [t for t in env.tasks("train") if t.tier == 2][:4]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    best = original.model_copy(update={"tool_format": "python"})
+    with Store(tmp_path / "s.duckdb") as store:
+        for task in [one, *twos]:
+            _put(store, original, task.id, [0.0])
+            _put(store, best, task.id, [1.0])
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        capped = select(bench, original, [best], [one, *twos], min_reward=1.0, tier_ratio=2.0)
+    # Tier 1 won once; tier 2's four wins are all kept (tier 1 would be capped at 2 x 4).
+    assert sorted(i.task_id for i in capped.items) == sorted(t.id for t in [one, *twos])
+
+
 def test_best_of_samples_win_one_by_one_on_unsolved_tasks_with_new_numbers_each_round(tmp_path) -> None:
     env = LifeEnv(tiers=(1,))
     t0, t1 = env.tasks("train")[:2]

@@ -25,6 +25,7 @@ from autoevolve.evolve.pareto import merge_pairs, sample_parent
 from autoevolve.hcp import COMPONENTS, HCPConfig, diff
 from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Candidate, Task, Trajectory
+from autoevolve.rollout import ENDPOINT_ERROR
 from autoevolve.workbench import Workbench, mean
 
 __all__ = ["EvolveResult", "evolve", "make_mutators", "train_tasks"]
@@ -194,6 +195,10 @@ class _Search:
                 "parent_minibatch": per_parent[parents[0]],
             }
         )
+        failed = sum(t.error.startswith(ENDPOINT_ERROR) for t in [*trajs, *(t for p in scored.values() for t in p)])
+        if failed:  # a score the endpoint made up is not ranked
+            note = f"{failed} minibatch rollouts failed at the policy endpoint: not ranked"
+            return self._record(row.model_copy(update={"status": "discard", "note": note}))
         beat = max(sum(scores.values()) for scores in per_parent.values())
         got = sum(row.minibatch.values())
         tokens = mean([float(t.prompt_tokens) for t in trajs])
@@ -231,6 +236,10 @@ class _Search:
         )
         self.budget.charge(trajs)
         scores, spreads = _per_task(trajs)
+        failed = sum(t.error.startswith(ENDPOINT_ERROR) for t in trajs)
+        if failed and row.parents and row.mutator != "carried":  # a child is not ranked by rollouts that never ran
+            note = f"{failed} dev rollouts failed at the policy endpoint: not ranked"
+            return self._record(row.model_copy(update={"status": "discard", "scores": scores, "note": note}))
         row = row.model_copy(
             update={"status": "keep", "scores": scores, "spreads": spreads, "mean_reward": mean(list(scores.values()))}
         )

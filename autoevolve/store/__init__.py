@@ -8,13 +8,23 @@ One ``Store`` wraps one DuckDB connection, which is not safe to share between th
 from __future__ import annotations
 
 from autoevolve.store.adapters import RegistryTables
-from autoevolve.store.base import TRAJ_COLS, TRAJ_KEY, StoreBusy, StoreTooNew
+from autoevolve.store.base import TRAJ_COLS, TRAJ_KEY, StoreBusy, StoreError, StoreTooNew, StoreUnreadable
 from autoevolve.store.export import ExportTables
 from autoevolve.store.migrations import LATEST_VERSION, MIGRATIONS
 from autoevolve.store.runs import RunTables
 from autoevolve.store.stages import StageTables
 
-__all__ = ["LATEST_VERSION", "MIGRATIONS", "TRAJ_COLS", "TRAJ_KEY", "Store", "StoreBusy", "StoreTooNew"]
+__all__ = [
+    "LATEST_VERSION",
+    "MIGRATIONS",
+    "TRAJ_COLS",
+    "TRAJ_KEY",
+    "Store",
+    "StoreBusy",
+    "StoreError",
+    "StoreTooNew",
+    "StoreUnreadable",
+]
 
 
 class Store(RunTables, RegistryTables, StageTables, ExportTables):

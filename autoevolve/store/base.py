@@ -99,12 +99,30 @@ def _traj_table(trajs: Sequence[Trajectory]) -> pa.Table:
     return pa.table(columns, schema=_TRAJ_ARROW)
 
 
-class StoreBusy(RuntimeError):
+class StoreError(RuntimeError):
+    """A store this code cannot open; the message names the file and what to do."""
+
+
+class StoreBusy(StoreError):
     """Another process holds the database file (DuckDB allows one writer, and readers only without one)."""
 
 
-class StoreTooNew(RuntimeError):
+class StoreTooNew(StoreError):
     """The file was written by a newer autoevolve whose schema this code does not know."""
+
+
+class StoreUnreadable(StoreError):
+    """The file is not a DuckDB database."""
+
+
+def _unreadable(exc: duckdb.Error, path: Path) -> StoreUnreadable | None:
+    """The error to raise for a file DuckDB refused as not a database, else None."""
+    if "not a valid DuckDB database" not in str(exc):
+        return None
+    return StoreUnreadable(
+        f"{path} is not a DuckDB database: point --store (or the run config's store:) at an autoevolve store, "
+        "e.g. trajectories/autoevolve.duckdb, or at a path that does not exist yet to start a new one"
+    )
 
 
 class Connection:
@@ -152,6 +170,8 @@ class Connection:
             copy = private_copy(path, wait_s)
         except TimeoutError as exc:
             raise StoreBusy(str(exc)) from None
+        except duckdb.Error as exc:
+            raise (_unreadable(exc, path) or exc) from None
         try:
             store = cls(copy, publish_every_s=None)
         except BaseException as exc:
@@ -169,6 +189,8 @@ class Connection:
             try:
                 return duckdb.connect(str(self.path), read_only=self.read_only)
             except duckdb.IOException as exc:
+                if unreadable := _unreadable(exc, self.path):
+                    raise unreadable from None
                 if not is_lock_error(exc):
                     raise
                 if time.monotonic() >= deadline:

@@ -223,3 +223,27 @@ def test_a_tie_that_wins_a_task_the_parent_loses_is_kept_only_with_keep_ties(env
         assert len(child.scores) == 4  # scored on dev, as every pool member is
     else:
         assert child.status == "discard" and child.note.endswith("not better")
+
+
+class FlakyDemoLearner(DemoLearner):
+    """A DemoLearner whose endpoint refuses the request that asks one task (demos showing it are fine)."""
+
+    def __init__(self, env, refused: str) -> None:
+        super().__init__(env)
+        self.refused = refused
+
+    def _one(self, messages: list[dict]) -> Completion:
+        if messages[-1]["content"] == self.refused:
+            return Completion(error="BadRequestError after 1 attempt: Error code: 400 - refused")
+        return super()._one(messages)
+
+
+def test_a_child_whose_rollouts_failed_at_the_endpoint_is_never_ranked(env, original, tmp_path) -> None:
+    train = [t for t in env.tasks("train") if t.goal["kind"] == "table"][:4]
+    policy = FlakyDemoLearner(env, refused=train[0].request)
+    result, ledger, _ = _search(env, original, tmp_path, policy, _settings(mutators=["demos"], candidates=1))
+    seed, child = ledger
+    # Without the refusal the demos child wins 3 tasks to 0 and joins the pool (the test above).
+    assert child.status == "discard" and sum(child.minibatch.values()) == 3.0
+    assert child.note == "2 minibatch rollouts failed at the policy endpoint: not ranked"  # the child's and parent's
+    assert result.best.id == original.id

@@ -1,9 +1,9 @@
-"""OpenAIPolicy against a local server that errors, hangs or drops connections: retries counted and timed."""
+"""OpenAIPolicy against a local server that errors, hangs or drops connections: the client's retries counted and
+timed, the server's Retry-After and x-should-retry obeyed."""
 
 from __future__ import annotations
 
 import json
-import random
 import socket
 import threading
 import time
@@ -15,12 +15,17 @@ import pytest
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest
-from autoevolve.policy.openai import MAX_BACKOFF_S, OpenAIPolicy, backoff_delay
+from autoevolve.policy.openai import OpenAIPolicy
 from autoevolve.rollout import rollout
 from tests.policy.fake_http import JSONHandler
 
 TIMEOUT_S = 2.0  # generous: a loaded 2-core machine once took over 0.5 s to answer a plain 422
 HANG_S = 8.0  # well past TIMEOUT_S; the hanging handler is released at teardown
+HEADERED = {  # failure modes whose answer carries a header the client must obey
+    "after": (429, {"Retry-After": "1"}),
+    "noretry": (500, {"x-should-retry": "false"}),
+    "retry": (400, {"x-should-retry": "true"}),
+}
 
 
 class Fake:
@@ -28,13 +33,16 @@ class Fake:
 
     The model name says how to fail: ``"<mode>:<n>"`` fails the first n calls of each request (keyed by its last
     message) with mode ``500``/``400``/``429``/... (that status), ``hang`` (no answer for HANG_S) or ``drop``
-    (close the socket unanswered); then it answers. A request whose messages contain a ``doomed`` text always
-    gets a 500. ``script`` maps a user request to its first reply; later turns get "Booked!".
+    (close the socket unanswered), ``after`` (429 with ``Retry-After: 1``), ``noretry`` (500 with
+    ``x-should-retry: false``) or ``retry`` (400 with ``x-should-retry: true``); then it answers. A request whose
+    messages contain a ``doomed`` text always gets a 500, one with an ``echo_key`` text a 401 showing the key it
+    was sent. ``script`` maps a user request to its first reply; later turns get "Booked!".
     """
 
     def __init__(self) -> None:
         self.hits: Counter[tuple[str, str]] = Counter()
         self.doomed: set[str] = set()
+        self.echo_key: set[str] = set()
         self.script: dict[str, str] = {}
         self.released = threading.Event()
         self.lock = threading.Lock()
@@ -54,11 +62,16 @@ def fake():
                 state.hits[key] += 1
                 hit = state.hits[key]
             mode, _, n = body["model"].partition(":")
+            if any(k in m["content"] for k in state.echo_key for m in messages):  # a server that shows the key
+                return self._send(401, {"error": {"message": f"invalid key {self.headers.get('Authorization')}"}})
             if any(d in m["content"] for d in state.doomed for m in messages):
                 return self._send(500, {"error": {"message": "doomed"}})
             if n and hit <= int(n):
                 if mode == "hang":
                     state.released.wait(HANG_S)
+                elif mode in HEADERED:
+                    status, headers = HEADERED[mode]
+                    return self._send(status, {"error": {"message": f"told to answer {mode}"}}, headers)
                 elif mode == "drop":
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)  # no status line: the client sees a disconnect
@@ -82,8 +95,8 @@ def fake():
 
 
 def _policy(url: str, **kwargs) -> OpenAIPolicy:
-    """A policy with small timeouts and delays so every fault costs well under a second."""
-    settings = {"concurrency": 4, "timeout_s": TIMEOUT_S, "max_retries": 2, "backoff_s": 0.05} | kwargs
+    """A policy with a small timeout (the client's backoff starts at 0.5 s, doubling, jittered down by up to 25%)."""
+    settings = {"concurrency": 4, "timeout_s": TIMEOUT_S, "max_retries": 2} | kwargs
     return OpenAIPolicy("base-model", url, **settings)
 
 
@@ -97,16 +110,6 @@ def _hits(fake: Fake, model: str, requests: list[ChatRequest]) -> list[int]:
     return [fake.hits[(model, r.messages[-1]["content"])] for r in requests]
 
 
-def test_backoff_doubles_from_the_first_delay_up_to_the_cap() -> None:
-    rng = random.Random(1)
-    delays = [backoff_delay(k, 0.5, rng) for k in range(1, 8)]
-    floors = [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    assert MAX_BACKOFF_S == 8.0
-    assert all(f <= d <= 1.5 * f for d, f in zip(delays, floors, strict=True))
-    assert len({round(d / f, 6) for d, f in zip(delays, floors, strict=True)}) == 7  # jitter differs each time
-    assert backoff_delay(3, 0.0, rng) == 0.0
-
-
 def test_transient_500s_are_retried_and_backoff_waits(fake) -> None:
     url, state = fake
     policy, requests = _policy(url, max_retries=3), _requests("transient", 3)
@@ -117,8 +120,34 @@ def test_transient_500s_are_retried_and_backoff_waits(fake) -> None:
     assert [c.error for c in completions] == ["", "", ""] and [c.text for c in completions] == ["ok"] * 3
     assert [c.completion_tokens for c in completions] == [3, 3, 3]
     assert policy.stats == {"requests": 3, "retries": 9, "failed": 0}
-    assert 0.05 + 0.10 + 0.20 <= elapsed < 0.35 * 1.5 + 1.5  # three waits, concurrent across requests
-    assert all(c.latency_s >= 0.35 for c in completions)  # a request's latency includes its waits
+    waits = 0.75 * (0.5 + 1.0 + 2.0)  # the shortest the three jittered waits can be
+    assert waits <= elapsed < 3 * waits  # the requests wait side by side, not one after another
+    assert all(c.latency_s >= 0.75 * 3.5 for c in completions)  # a request's latency includes its waits
+
+
+def test_the_servers_retry_headers_are_obeyed(fake) -> None:
+    url, state = fake
+    policy = _policy(url)
+    started = time.perf_counter()
+    [waited] = policy.generate(_requests("retry after"), "after:1")
+    elapsed = time.perf_counter() - started
+    assert waited.text == "ok" and 1.0 <= elapsed < 1.0 + 1.5  # Retry-After: 1, not the 0.5 s backoff
+    [stopped] = policy.generate(_requests("should not"), "noretry:1")
+    assert stopped.error.startswith("InternalServerError after 1 attempt: Error code: 500")
+    [again] = policy.generate(_requests("should"), "retry:1")
+    assert again.text == "ok" and _hits(state, "retry:1", _requests("should")) == [2]
+    assert policy.stats == {"requests": 3, "retries": 2, "failed": 1}
+
+
+def test_one_client_serves_every_batch(fake) -> None:
+    url, _ = fake
+    policy = _policy(url)
+    policy.generate(_requests("first"))
+    client = policy._client
+    policy.generate(_requests("second", 3))
+    assert policy._client is client and policy.stats == {"requests": 4, "retries": 0, "failed": 0}
+    policy.close()
+    assert policy.generate(_requests("after close"))[0].text == "ok" and policy._client is not client
 
 
 def test_persistent_500_fails_after_every_attempt(fake) -> None:
@@ -202,7 +231,7 @@ def test_a_refused_connection_is_retried_then_reported() -> None:
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there now
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    policy = _policy(f"http://127.0.0.1:{port}/v1", backoff_s=0.01)
+    policy = _policy(f"http://127.0.0.1:{port}/v1")
     completions = policy.generate(_requests("refused", 2))
     assert [c.error for c in completions] == ["APIConnectionError after 3 attempts: Connection error."] * 2
     assert policy.stats == {"requests": 2, "retries": 4, "failed": 2}
@@ -217,7 +246,7 @@ def test_rollout_turns_permanent_failures_into_zero_reward_trajectories(fake) ->
         args = {"restaurant_id": g["restaurant_id"], "party_size": g["party_size"], "time": g["time"]}
         state.script[t.request] = json.dumps({"name": "book_table", "arguments": args})
     state.doomed |= {tasks[1].request, tasks[3].request}
-    policy = _policy(url, max_retries=2, backoff_s=0.01)
+    policy = _policy(url, max_retries=2)
     # "503:1": every request's first attempt fails once, so the healthy tasks pass only through a retry.
     trajs = rollout(policy, env, hcp, tasks, run_id="faults", adapter="503:1")
     failed = [t for t in trajs if t.error]

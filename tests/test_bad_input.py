@@ -1,0 +1,131 @@
+"""Bad input a new user hits on day one: one line naming the file or field and the fix, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoevolve.config import ConfigError, changed_settings, load_config
+from autoevolve.loop import check_run
+from autoevolve.records import Cell, EvalReport
+from autoevolve.registry import decide
+from autoevolve.store import Store
+from tests.test_registry import BASE, _adapter, _register
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "autoevolve.cli", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a refused command."""
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def _config(tmp_path: Path, extra: str = "", hcp: str = "prompts/life.yaml") -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(f"hcp: {ROOT / hcp}\nstore: {tmp_path / 's.duckdb'}\nrun_dir: {tmp_path / 'runs'}\n{extra}")
+    return path
+
+
+def test_a_store_that_is_not_duckdb_is_named_with_the_fix(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    for args in (["registry", "--store", str(text), "list"], ["registry", "list", "--store", str(text)]):
+        line = _one_line(_cli(*args))
+        assert line.startswith(f"autoevolve: {text} is not a DuckDB database: point --store")
+    assert _one_line(_cli("inspect", "quickstart", "--store", str(text))).startswith(f"autoevolve: {text} is not a")
+    config = _config(tmp_path).read_text().replace(str(tmp_path / "s.duckdb"), str(text))
+    (tmp_path / "run.yaml").write_text(config)
+    assert f"{text} is not a DuckDB database" in _one_line(_cli("run", str(tmp_path / "run.yaml")))
+    assert text.read_text() == "not a database\n"
+
+
+def test_registry_takes_store_before_or_after_the_action(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    with Store(db) as store:
+        store.put_run("r", {})
+    after, before = _cli("registry", "list", "--store", str(db)), _cli("registry", "--store", str(db), "list")
+    assert after.returncode == before.returncode == 0
+    assert after.stdout == before.stdout == "no experts registered\n"
+
+
+def test_a_malformed_environment_file_stops_check_and_run(tmp_path: Path) -> None:
+    good = (ROOT / "autoevolve/envs/data/bfcl_sample.jsonl").read_text().splitlines()
+    broken = tmp_path / "questions.jsonl"
+    broken.write_text("\n".join([good[0], good[1][:40], *good[2:]]) + "\n")
+    config = _config(tmp_path, f"env:\n  name: fncall\n  path: {broken}\n", hcp="prompts/fncall.yaml")
+    for command in ("check", "run"):
+        line = _one_line(_cli(command, str(config)))
+        assert line.startswith(f"autoevolve: env error: {broken}:2: not valid JSON")
+    assert not (tmp_path / "s.duckdb").exists()  # nothing written
+    ok = _cli("check", str(ROOT / "configs/fncall.yaml"))
+    assert ok.returncode == 0 and "env fncall: 20 train, 6 dev, 6 test tasks" in ok.stdout
+
+
+def test_an_unknown_hcp_placeholder_is_named(tmp_path: Path) -> None:
+    hcp = tmp_path / "h.yaml"
+    hcp.write_text((ROOT / "prompts/life.yaml").read_text().replace("{memory}", "{memroy}"))
+    with pytest.raises(
+        ConfigError, match=r"h\.yaml: system_prompt: .*unknown placeholder \{memroy\}; the harness fills"
+    ):
+        load_config(_config(tmp_path, hcp=str(hcp)))
+    literal = (ROOT / "prompts/life.yaml").read_text().replace("{memory}", '{memory} Reply as {"a": 1}.')
+    hcp.write_text(literal)
+    assert load_config(_config(tmp_path, hcp=str(hcp))).original_hcp().system_prompt.endswith('{"a": 1}.')
+
+
+def _live_adapter(tmp_path: Path) -> Path:
+    """A store whose L1-life expert has a live v1 (a fake but valid folder); returns the folder."""
+    folder = _adapter(tmp_path / "runs/a1")
+    with Store(tmp_path / "s.duckdb") as store:
+        record = _register(store, folder)
+        cells = {"base_original": Cell(adapter="", hcp_id="h", mean=0.5, n=8)}
+        report = EvalReport(run_id="run", round=0, split="dev", cells=cells, decision="promote", reason="test")
+        decide(store, record, report)
+    return folder
+
+
+def test_a_missing_live_adapter_or_another_base_model_stops_the_run(tmp_path: Path) -> None:
+    config_path = _config(tmp_path)
+    folder = _live_adapter(tmp_path)
+    shutil.rmtree(folder)
+    line = _one_line(_cli("run", str(config_path)))
+    assert line.startswith(f"autoevolve: live adapter L1-life@v1: adapter {folder}: adapter_config.json is missing;")
+    assert line.endswith(f"`autoevolve registry --store {tmp_path / 's.duckdb'} rollback L1-life`")
+    other = _config(tmp_path, "model:\n  name: some-org/other-model\n")
+    line = _one_line(_cli("run", str(other)))
+    assert "expert L1-life in" in line and f"is trained on {BASE}, but model.name is some-org/other-model" in line
+
+
+def test_a_run_id_reused_with_other_settings_says_what_differs(tmp_path: Path) -> None:
+    first = load_config(_config(tmp_path, "run_id: r\nselect:\n  margin: 0.1\n"))
+    with Store(first.store) as store:
+        store.put_run("r", first.model_dump(mode="json"))
+    again = load_config(_config(tmp_path, "run_id: r\nrounds: 3\nselect:\n  margin: 0.1\n"))
+    changed = load_config(_config(tmp_path, "run_id: r\nseed: 4\nselect:\n  margin: 0.2\n"))
+    with Store(first.store) as store:
+        check_run(store, again)  # more rounds (or another store path, run_dir, hooks) is the same run
+        with pytest.raises(
+            ConfigError,
+            match=r"run r in .* was recorded with other settings: seed: 0 -> 4; select\.margin: 0\.1 -> 0\.2;",
+        ):
+            check_run(store, changed)
+    path = _config(tmp_path, "run_id: r\nselect:\n  margin: 0.2\n")
+    assert "select.margin: 0.1 -> 0.2" in _one_line(_cli("run", str(path)))
+
+
+def test_changed_settings_skips_operational_and_new_fields() -> None:
+    before = {"seed": 0, "rounds": 1, "model": {"name": "m", "batch_size": 8}, "store": "a"}
+    after = {"seed": 0, "rounds": 5, "model": {"name": "n", "batch_size": 64, "new": 1}, "store": "b", "extra": 2}
+    assert changed_settings(before, after) == ['model.name: "m" -> "n"']
