@@ -120,11 +120,11 @@ class Workbench:
         failed = [t for t in made if t.error.startswith(ENDPOINT_ERROR)]
         if self.endpoint_stop is None or asked < MIN_STOP_BATCH or not failed:
             return None
-        same = Counter(re.sub(r" after \d+ attempts?", "", t.error) for t in failed)
-        error, count = same.most_common(1)[0]
+        kind = {id(t): re.sub(r" after \d+ attempts?", "", t.error) for t in failed}  # attempts aside, the same
+        error, count = Counter(kind.values()).most_common(1)[0]
         if count <= self.endpoint_stop * len(made):
             return None
-        first = next(t for t in failed if re.sub(r" after \d+ attempts?", "", t.error) == error)
+        first = next(t for t in failed if kind[id(t)] == error)
         task = next(t for t in tasks if t.id == first.task_id)
         messages, tools = hcp.render(task, first.messages)
         status = re.search(r"Error code: (\d{3})", error)

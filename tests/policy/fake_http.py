@@ -15,6 +15,10 @@ class JSONHandler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
+    def read_json(self) -> dict:
+        """The request's JSON body."""
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
     def _send(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         try:
@@ -27,6 +31,14 @@ class JSONHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
         except OSError:  # the client has gone (a timed-out or hung request)
             pass
+
+
+def chat_completion(model: str, message: dict, prompt_tokens: int, completion_tokens: int) -> dict:
+    """A chat.completion response body with one choice."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    usage["total_tokens"] = prompt_tokens + completion_tokens
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    return {"id": "x", "object": "chat.completion", "created": 0, "model": model, "usage": usage, "choices": [choice]}
 
 
 @contextmanager

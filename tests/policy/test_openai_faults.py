@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -17,7 +16,7 @@ from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.openai import OpenAIPolicy
 from autoevolve.rollout import rollout
-from tests.policy.fake_http import JSONHandler
+from tests.policy.fake_http import JSONHandler, chat_completion, serving
 
 TIMEOUT_S = 2.0  # generous: a loaded 2-core machine once took over 0.5 s to answer a plain 422
 HANG_S = 8.0  # well past TIMEOUT_S; the hanging handler is released at teardown
@@ -55,7 +54,7 @@ def fake():
 
     class Handler(JSONHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.read_json()
             messages = body["messages"]
             key = (body["model"], messages[-1]["content"])
             with state.lock:
@@ -80,18 +79,13 @@ def fake():
                     return self._send(int(mode), {"error": {"message": f"told to answer {mode}"}})
             users = [m for m in messages if m["role"] != "system"]
             text = state.script.get(users[0]["content"], "ok") if len(users) == 1 else "Booked!"
-            message = {"role": "assistant", "content": text}
-            usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-            choice = {"index": 0, "message": message, "finish_reason": "stop"}
-            reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"], "usage": usage}
-            self._send(200, reply | {"choices": [choice]})
+            self._send(200, chat_completion(body["model"], {"role": "assistant", "content": text}, 7, 3))
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1", state
-    state.released.set()
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(Handler) as url:
+        try:
+            yield url, state
+        finally:
+            state.released.set()  # a handler still hanging returns before the server shuts down
 
 
 def _policy(url: str, **kwargs) -> OpenAIPolicy:

@@ -24,7 +24,7 @@ from autoevolve.policy import Completion
 from autoevolve.policy.openai import OpenAIPolicy
 from autoevolve.records import Message, ToolCall
 from autoevolve.rollout import apply, rollout
-from tests.policy.fake_http import JSONHandler, serving
+from tests.policy.fake_http import JSONHandler, chat_completion, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = LifeEnv(tiers=(1, 2), n_train=24, n_dev=8, n_test=4)  # the round test's environment, scripted by reference
@@ -151,17 +151,14 @@ def strict():
 
     class Handler(JSONHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.read_json()
             errors = spec_errors(body)
             with state.lock:
                 (state.refused.append((body, errors)) if errors else state.accepted.append(body))
             if errors:
                 error = {"message": "; ".join(errors), "type": "invalid_request_error", "param": "messages"}
                 return self._send(400, {"error": error})
-            usage = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
-            choice = {"index": 0, "message": _reply(body), "finish_reason": "stop"}
-            reply = {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"], "usage": usage}
-            self._send(200, reply | {"choices": [choice]})
+            self._send(200, chat_completion(body["model"], _reply(body), 9, 4))
 
     with serving(Handler) as url:
         yield url, state
