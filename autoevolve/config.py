@@ -275,6 +275,12 @@ class GateSettings(Section):
     dev_tasks: int = Field(default=32, gt=0)
     test_tasks: int = Field(default=64, gt=0)
     min_gain: float = Field(default=0.0, description="Dev gain of adapter over base (original config) to promote.")
+    alpha: float = Field(
+        default=0.025,
+        gt=0.0,
+        lt=1.0,
+        description="Promote only if the exact one-sided sign-flip test of the dev gain gives p below this.",
+    )
     evolved_tasks: int | None = Field(
         default=None,
         gt=0,

@@ -1,14 +1,17 @@
 """The gate and the held-out table: {base, new adapter} x {original, evolved config}, with bootstrap intervals.
 
 The promotion decision is made on dev tasks only: the new adapter with the original config must beat the base
-with it, and the paired bootstrap 95% interval of that gain must lie above zero. Test tasks fill the report and
-decide nothing. Retention = gain / (base_evolved - base_original): how much of what the evolved prompt gave the
+with it, and an exact paired sign-flip test of that gain must give p < alpha (0.025, one-sided: the level of a
+95% interval's lower end). The exact test holds its level on few tasks with 0/1 rewards, where a percentile
+bootstrap interval is too narrow; the interval is reported beside it. Test tasks fill the report and decide
+nothing. Retention = gain / (base_evolved - base_original): how much of what the evolved prompt gave the
 base model the adapter now gives with the short original prompt.
 """
 
 from __future__ import annotations
 
 import random
+from collections import defaultdict
 
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Cell, EvalReport, Guard, Task
@@ -18,6 +21,9 @@ CELLS = ("base_original", "base_evolved", "adapter_original", "adapter_evolved")
 
 
 BOOTSTRAP = 2000  # resamples; the interval's ends move by well under 0.01 between seeds at this count
+ALPHA = 0.025  # the gate's one-sided level
+EXACT_SUMS = 200_000  # distinct sums the exact test may track; past that it draws sign flips instead
+FLIPS = 20_000  # sign-flip draws when it does
 
 
 def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float]:
@@ -28,6 +34,27 @@ def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float]:
     n = len(values)
     means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(BOOTSTRAP))
     return (round(means[int(0.025 * BOOTSTRAP)], 4), round(means[int(0.975 * BOOTSTRAP) - 1], 4))
+
+
+def sign_flip_p(diffs: list[float], seed: int = 0) -> float:
+    """One-sided p-value of a paired gain: the share of the 2^n ways of flipping the signs of the per-task
+    differences whose sum reaches the observed sum. Exact, by counting the sums each flip reaches (rewards on few
+    levels reach few sums); zero differences flip to themselves. Past ``EXACT_SUMS`` distinct sums, ``FLIPS`` seeded
+    random flips estimate it instead, (1 + hits) / (1 + draws)."""
+    steps = [round(abs(d) * 1e6) for d in diffs if round(abs(d) * 1e6)]  # integer micro-units: exact sums
+    observed = round(sum(diffs) * 1e6)
+    sums: dict[int, int] = {0: 1}
+    for step in steps:
+        reached: dict[int, int] = defaultdict(int)
+        for total, ways in sums.items():
+            reached[total + step] += ways
+            reached[total - step] += ways
+        sums = reached
+        if len(sums) > EXACT_SUMS:
+            rng = random.Random(seed)
+            hits = sum(sum(s if rng.random() < 0.5 else -s for s in steps) >= observed for _ in range(FLIPS))
+            return (1 + hits) / (1 + FLIPS)
+    return sum(ways for total, ways in sums.items() if total >= observed) / 2 ** len(steps)
 
 
 def cells(
@@ -91,6 +118,7 @@ def compare(
         reason="",
         gain=gain,
         gain_ci=bootstrap_ci(diffs, bench.seed),
+        p_value=sign_flip_p(diffs, bench.seed),
         retention=kept / prompt_gain if prompt_gain > 0 else None,
         tiers=by_tier(tasks, rewards),
     )
@@ -106,19 +134,20 @@ def gate(
     min_gain: float = 0.0,
     tier_tolerance: float | None = None,
     evolved_tasks: int | None = None,
+    alpha: float = ALPHA,
 ) -> EvalReport:
-    """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its 95% interval lies above zero, and (with
-    ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
+    """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its exact sign-flip p-value is below
+    ``alpha``, and (with ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
     report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate", evolved_tasks), dev_tasks)
     low, high = report.gain_ci
-    promote = report.gain > min_gain and low > 0
+    promote, p = gate_decision(report.gain, report.p_value, min_gain, alpha), report.p_value
     c = report.cells
-    why = "" if promote else (" (needs a gain above the minimum)" if report.gain <= min_gain else " (touches zero)")
+    why = "" if promote else (" (needs a gain above the minimum)" if report.gain <= min_gain else " (not significant)")
     reason = (
         f"{candidate} + original config scores {c['adapter_original'].mean:.3f} on {len(dev_tasks)} dev tasks vs "
         f"{base or 'base'} + original {c['base_original'].mean:.3f}: gain {report.gain:+.3f}, 95% CI "
-        f"[{low:+.3f}, {high:+.3f}]{why}; required: gain > {min_gain:.3f} and CI above 0"
+        f"[{low:+.3f}, {high:+.3f}], sign-flip p = {p:.4f}{why}; required: gain > {min_gain:.3f} and p < {alpha:g}"
     )
     if tier_tolerance is not None:
         gains = {k: v["adapter_original"] - v["base_original"] for k, v in report.tiers.items()}
@@ -131,6 +160,11 @@ def gate(
     report = report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason})
     bench.store.put_evaluation(report)
     return report
+
+
+def gate_decision(gain: float, p_value: float | None, min_gain: float = 0.0, alpha: float = ALPHA) -> bool:
+    """Whether a paired dev gain promotes: above the minimum, and significant at ``alpha`` (one-sided)."""
+    return gain > min_gain and p_value is not None and p_value < alpha
 
 
 def guard_check(
@@ -185,7 +219,8 @@ def format_table(report: EvalReport) -> str:
     n = next(iter(c.values())).n if c else 0
     low, high = report.gain_ci
     retention = "-" if report.retention is None else f"{report.retention:.2f}"
-    tail = f"gain {report.gain:+.3f} [{low:+.3f}, {high:+.3f}], retention {retention}"
+    p = "" if report.p_value is None else f", p = {report.p_value:.4f}"
+    tail = f"gain {report.gain:+.3f} [{low:+.3f}, {high:+.3f}]{p}, retention {retention}"
     return f"{report.split} split, {n} tasks, mean reward [95% CI]\n" + "\n".join(rows) + f"\n{tail}"
 
 

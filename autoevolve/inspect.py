@@ -130,6 +130,7 @@ def two_by_two(store: Store, run_id: str, round: int, split: str = "test") -> pd
         "adapters": {m: report.cells[f"{m}_original"].adapter or "bare base model" for m in ("base", "adapter")},
         "gain": report.gain,
         "gain_ci": report.gain_ci,
+        "p_value": report.p_value,
         "retention": report.retention,
         "decision": report.decision,
         "reason": report.reason,

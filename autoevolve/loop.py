@@ -387,6 +387,7 @@ def stage_gate(r: Round) -> EvalReport:
     report = gate(
         r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain,
         tier_tolerance=r.config.gate.tier_tolerance, evolved_tasks=r.config.gate.evolved_tasks,
+        alpha=r.config.gate.alpha,
     )  # fmt: skip
     g = r.config.gate.guard
     if g is not None:

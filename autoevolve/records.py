@@ -303,6 +303,9 @@ class EvalReport(Record):
     reason: str
     gain: float = Field(default=0.0, description="adapter_original - base_original: what distillation added.")
     gain_ci: tuple[float, float] = Field(default=(0.0, 0.0), description="Paired bootstrap 95% interval of the gain.")
+    p_value: float | None = Field(
+        default=None, description="One-sided exact sign-flip p-value of the gain (the gate promotes below its alpha)."
+    )
     retention: float | None = Field(
         default=None, description="gain / (base_evolved - base_original); None when the evolved config gained nothing."
     )

@@ -113,6 +113,7 @@ def decide(
         "cells": {k: c.mean for k, c in report.cells.items()},
         "gain": report.gain,
         "gain_ci": list(report.gain_ci),
+        "p_value": report.p_value,
         "retention": report.retention,
         "guard": report.guard.model_dump() if report.guard else None,
     }
@@ -145,12 +146,7 @@ def rollback(
     store: Store, name: str, reason: str = "rolled back by hand", publisher: Publisher | None = None
 ) -> AdapterRecord | None:
     """Put back the version that was live when the current one was promoted (None: the bare base); returns it."""
-    live = store.expert(name).live_version
-    if live is None:
-        raise ValueError(f"expert {name} has no live version to roll back (the bare base model serves it)")
-    made_live = [e for e in store.events(name) if e.version == live and e.action == "promote"]
-    target = made_live[-1].previous_version if made_live else None
-    store.set_live(name, target, "rollback", detail=reason)
+    live, target = store.roll_back(name, detail=reason)
     announce(store, name, "rollback", live, publisher)
     return store.adapter(name, target) if target is not None else None
 

@@ -67,8 +67,8 @@ def write_report(
         report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
         report["eval_ci"] = {name: list(c[name].ci) for name in CELLS}
         report["eval_tiers"] = test.tiers
-        report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci)}
-        report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci)}
+        report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci), "test_p": test.p_value}
+        report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci), "dev_p": dev.p_value}
         report["retention"] = {"test": test.retention, "dev": dev.retention}
         report["prompt_tokens"] = {
             "original": c["base_original"].prompt_tokens,
@@ -80,6 +80,7 @@ def write_report(
             "reason": dev.reason,
             "cells": {k: v.mean for k, v in dev.cells.items()},
             "n_tasks": dev.cells["base_original"].n,
+            "p_value": dev.p_value,
             "guard": dev.guard.model_dump() | {"drop": dev.guard.drop} if dev.guard else None,
             "tiers": dev.tiers,
         }

@@ -8,7 +8,8 @@ seconds. A round that trained nothing shows no score. Per tier: the served exper
 
 The checks are strict (each prints its numbers, then PASS or FAIL): every round promoted, and its served expert
 above the previous one with the paired interval above zero (a flat round fails); after the last round tier 1
->= 0.85 and tier 2 >= 0.40 with the original short prompt; no tier drops by more than 0.05 from a round to the next.
+>= 0.85 and tier 2 >= 0.40 with the original short prompt; no tier drops by more than 0.05 from a round to the next;
+the run takes at most 60 minutes (not checked with --table).
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/loop_efficacy.py
      (--table RUN_DIR prints the tables of a finished run without running; the store is read for the pairs)
@@ -29,6 +30,7 @@ from _shared import paired_gain, write_json  # noqa: E402
 
 TIER_BARS = {"1": 0.85, "2": 0.40}  # the served expert after the last round, original config, test
 MAX_TIER_DROP = 0.05
+MAX_MINUTES = 60.0  # the whole run, from a fresh store, on 2 cores
 
 
 Pair = tuple[list[float], list[float]]
@@ -117,8 +119,13 @@ def tier_table(rows: list[dict[str, Any]], scores: dict[str, list[float | None]]
     return lines
 
 
-def checks(rows: list[dict[str, Any]], served: list[Pair | None], scores: dict[str, list[float | None]]) -> list[str]:
-    """The acceptance checks, each with its numbers and PASS or FAIL."""
+def checks(
+    rows: list[dict[str, Any]],
+    served: list[Pair | None],
+    scores: dict[str, list[float | None]],
+    minutes: float | None = None,
+) -> list[str]:
+    """The acceptance checks, each with its numbers and PASS or FAIL (the wall time only when it was measured)."""
     verdict = {True: "PASS", False: "FAIL"}
     out = []
     for row, pair in zip(rows, served, strict=True):
@@ -149,6 +156,8 @@ def checks(rows: list[dict[str, Any]], served: list[Pair | None], scores: dict[s
             f"largest drop of a tier from a round to the next: tier {tier} {max(drop, 0.0):.3f}  <= "
             f"{MAX_TIER_DROP:.2f}: {verdict[drop <= MAX_TIER_DROP + 1e-9]}"
         )
+    if minutes is not None:
+        out.append(f"wall time of the run: {minutes:.1f} min  <= {MAX_MINUTES:.0f}: {verdict[minutes <= MAX_MINUTES]}")
     return out
 
 
@@ -171,8 +180,8 @@ def drivers(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def run(config_path: Path) -> Path:
-    """Run every round of the config from a fresh store; returns the run folder."""
+def run(config_path: Path) -> tuple[Path, float]:
+    """Run every round of the config from a fresh store; returns the run folder and the minutes it took."""
     from autoevolve.config import load_config
     from flows.loop import loop_flow
 
@@ -187,8 +196,9 @@ def run(config_path: Path) -> Path:
                 print(f"moved the previous {old} aside to {old.name}.{stamp}")
     started = time.perf_counter()
     loop_flow(config)
-    print(f"{config.rounds} rounds in {(time.perf_counter() - started) / 60:.1f} min")
-    return run_dir
+    minutes = (time.perf_counter() - started) / 60
+    print(f"{config.rounds} rounds in {minutes:.1f} min")
+    return run_dir, minutes
 
 
 def main() -> None:
@@ -199,17 +209,18 @@ def main() -> None:
     parser.add_argument("--table", type=Path, help="print the tables of a finished run folder; run nothing")
     parser.add_argument("--json", type=Path, help="where to write the tables (default: RUN_DIR/loop_efficacy.json)")
     args = parser.parse_args()
-    run_dir = args.table or run(args.config)
+    run_dir, minutes = (args.table, None) if args.table else run(args.config)
     config = load_config(args.config)
     rows = json.loads((run_dir / "rounds.json").read_text())
     served = served_rewards(config, rows)
     scores = tier_scores(config, served)
     counts = {tier: int(v["n_tasks"]) for tier, v in next((r["tiers"] for r in rows if r.get("tiers")), {}).items()}
     lines = table(rows, served) + [""] + tier_table(rows, scores, counts) + [""] + drivers(rows)
-    verdicts = checks(rows, served, scores)
+    verdicts = checks(rows, served, scores, minutes)
     print("\n".join(lines + [""] + verdicts))
     gains = [None if p is None else dict(zip(("gain", "ci"), paired_gain(p[1], p[0]), strict=True)) for p in served]
     body = {"config": str(args.config), "rounds": rows, "served_gain": gains, "tiers": scores, "checks": verdicts}
+    body["minutes"] = None if minutes is None else round(minutes, 1)
     write_json(args.json or run_dir / "loop_efficacy.json", body)
 
 

@@ -1,11 +1,22 @@
-"""The gate: bootstrap intervals, the paired gain that must clear zero, retention (stored rollouts, no model)."""
+"""The gate: the exact sign-flip test of the paired gain, its level by simulation, bootstrap intervals, retention."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.evaluate import bootstrap_ci, format_table, gate, guard_check, held_out, with_guard
+from autoevolve.evaluate import (
+    bootstrap_ci,
+    format_table,
+    gate,
+    gate_decision,
+    guard_check,
+    held_out,
+    sign_flip_p,
+    with_guard,
+)
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
 from autoevolve.store import Store
@@ -69,16 +80,17 @@ def _gate(tmp_path, adapter_wins: list[float], evolved_rewards: list[float]):
 def test_a_clear_gain_is_promoted_with_its_retention(tmp_path) -> None:
     report, test = _gate(tmp_path, [1.0] * 8, [1.0] * 4 + [0.0] * 4)
     assert report.decision == "promote" and report.gain == 1.0 and report.gain_ci == (1.0, 1.0)
+    assert report.p_value == 1 / 256 and "p = 0.0039; required: gain > 0.000 and p < 0.025" in report.reason
     assert report.retention == pytest.approx(2.0)  # the adapter gained 1.0 where the evolved prompt gained 0.5
     assert set(report.cells) == {"base_original", "base_evolved", "adapter_original", "adapter_evolved"}
     assert report.cells["base_evolved"].ci[0] < 0.5 < report.cells["base_evolved"].ci[1]
-    assert test.decision == "report" and "gain +1.000 [+1.000, +1.000], retention 2.00" in format_table(test)
+    assert test.decision == "report" and "+1.000 [+1.000, +1.000], p = 0.0039, retention 2.00" in format_table(test)
 
 
-def test_a_gain_whose_interval_touches_zero_is_rejected(tmp_path) -> None:
+def test_a_gain_that_is_not_significant_is_rejected(tmp_path) -> None:
     report, _ = _gate(tmp_path, [1.0] + [0.0] * 7, [0.0] * 8)
-    assert report.gain == 0.125 and report.gain_ci[0] == 0.0
-    assert report.decision == "reject" and "(touches zero)" in report.reason
+    assert report.gain == 0.125 and report.gain_ci[0] == 0.0 and report.p_value == 0.5
+    assert report.decision == "reject" and "sign-flip p = 0.5000 (not significant)" in report.reason
     assert report.retention is None  # the evolved config gained nothing to retain
 
 
@@ -152,3 +164,31 @@ def test_evolved_cells_on_fewer_tasks_read_retention_on_those_tasks_only(tmp_pat
     assert report.retention == pytest.approx(4.0)  # gain 1.0 on those 4 tasks where the evolved prompt gained 0.25
     assert report.tiers["1"]["base_evolved"] == 0.5 and report.tiers["2"]["n_tasks"] == 4
     assert test.reason == "held-out table on 8 test tasks (evolved config on the first 4); it decides nothing"
+
+
+def _gate_trial(rng: random.Random, edge: float, n: int = 24, levels: int = 4) -> bool:
+    """One simulated gate on ``n`` dev tasks: per task a difficulty, the base's reward and the candidate's (true
+    skill ``edge`` higher) drawn around it on ``levels`` reward steps; whether the gate would promote."""
+
+    def draw(p: float) -> float:
+        return round(min(1.0, max(0.0, p + rng.gauss(0, 0.3))) * levels) / levels
+
+    skill = [rng.random() for _ in range(n)]
+    diffs = [draw(s + edge) - draw(s) for s in skill]
+    return gate_decision(sum(diffs) / n, sign_flip_p(diffs))
+
+
+def test_the_gate_promotes_an_equal_adapter_in_at_most_5_percent_of_200_trials_and_a_better_one_mostly() -> None:
+    rng = random.Random(0)
+    equal = sum(_gate_trial(rng, 0.0) for _ in range(200))
+    better = sum(_gate_trial(rng, 0.3) for _ in range(200))
+    print(f"false promotions {equal}/200 ({equal / 2:.1f}%), planted +0.3 adapter promoted {better}/200")
+    assert equal <= 10 and better >= 150  # measured: 1 and 161
+
+
+def test_the_sign_flip_p_value_is_exact_on_small_samples() -> None:
+    assert sign_flip_p([1.0] * 8) == 1 / 256  # all 2^8 flips: only the observed one reaches the sum
+    assert sign_flip_p([1.0, 0.0, 0.0]) == 0.5  # a zero difference flips to itself
+    assert sign_flip_p([1.0, -1.0, 1.0, 1.0]) == 5 / 16  # sums >= 2: all four plus, or one of four minus
+    assert sign_flip_p([0.5, 0.25, -0.25]) == 3 / 8  # sums >= 0.5 of 0.5 ± 0.25 ± 0.25
+    assert sign_flip_p([]) == 1.0 and sign_flip_p([-1.0] * 4) == 1.0

@@ -137,20 +137,21 @@ def test_racing_promotions_leave_exactly_one_live_version(tmp_path: Path) -> Non
     path = tmp_path / "s.duckdb"
     with Store(path) as store:
         _three_versions(store, tmp_path)
-    stores = [Store(path), Store(path)]  # two connections: two writers in one process
-    barrier = threading.Barrier(2)
+    racers, rounds = 6, 10
+    stores = [Store(path) for _ in range(racers)]  # one connection each: six writers in one process
+    barrier = threading.Barrier(racers)
     errors: list[BaseException] = []
 
     def promote_many(store: Store, version: int) -> None:
         try:
-            for _ in range(10):
+            for _ in range(rounds):
                 barrier.wait()
                 promote(store, "L1-life", version)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
             barrier.abort()
 
-    threads = [threading.Thread(target=promote_many, args=(s, v)) for s, v in zip(stores, (2, 3), strict=True)]
+    threads = [threading.Thread(target=promote_many, args=(s, 1 + i % 3)) for i, s in enumerate(stores)]
     for t in threads:
         t.start()
     for t in threads:
@@ -160,10 +161,47 @@ def test_racing_promotions_leave_exactly_one_live_version(tmp_path: Path) -> Non
     assert errors == []
     with Store(path) as store:
         live = store.expert("L1-life").live_version
-        assert live in (2, 3) and _live(store) == [live]
+        assert live in (1, 2, 3) and _live(store) == [live]
         events = store.events("L1-life")
-    assert len(events) == 20 and all(e.previous_version in (None, 2, 3) for e in events)
+    assert len(events) == racers * rounds and events[-1].version == live
     assert [e.previous_version for e in events[1:]] == [e.version for e in events[:-1]]  # a serial history
+
+
+def _raced(store: Store, other: Store, version: int) -> None:
+    """Make ``store``'s next live change let ``other`` promote ``version`` in full after its transaction began."""
+    steps, raced = store._set_live, []
+
+    def late(*args: object) -> object:
+        if not raced:
+            raced.append(promote(other, "L1-life", version))
+        return steps(*args)  # type: ignore[arg-type]
+
+    store._set_live = late  # type: ignore[method-assign]
+
+
+def test_a_promotion_that_began_first_but_landed_last_is_last_in_the_history(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        _three_versions(store, tmp_path)
+        promote(store, "L1-life", 1)
+    with Store(tmp_path / "s.duckdb") as first, Store(tmp_path / "s.duckdb") as second:
+        _raced(first, second, 3)
+        promote(first, "L1-life", 2)  # its transaction began before v3's promotion, its writes came after
+        history = [(e.action, e.version, e.previous_version) for e in first.events("L1-life")]
+        assert history == [("promote", 1, None), ("promote", 3, 1), ("promote", 2, 3)]
+        assert first.expert("L1-life").live_version == 2 and _live(first) == [2]
+
+
+def test_a_rollback_racing_a_promotion_undoes_the_version_live_when_it_lands(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        _three_versions(store, tmp_path)
+        promote(store, "L1-life", 1)
+        promote(store, "L1-life", 2)
+    with Store(tmp_path / "s.duckdb") as first, Store(tmp_path / "s.duckdb") as second:
+        _raced(first, second, 3)
+        back = rollback(first, "L1-life")  # v3 went live while it ran: v3 is what it undoes, so v2 comes back
+        assert back is not None and back.version == 2 and _live(first) == [2]
+        history = [(e.action, e.version, e.previous_version) for e in first.events("L1-life")]
+        assert history[-2:] == [("promote", 3, 2), ("rollback", 2, 3)]
 
 
 @pytest.mark.parametrize("name", ["../escape", "/abs/path", "a/b", "L1..x", ""])

@@ -44,6 +44,11 @@ def _ids(tokenizer: Any, messages: list[dict], tools: list[dict] | None, generat
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def prompt_ids(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of a conversation so far, through the generation prompt of the assistant's next turn."""
+    return _ids(tokenizer, messages, tools, generation_prompt=True)
+
+
 def _turn_end(span: list[int], end_ids: set[int]) -> int:
     """Length of an assistant span up to and including its last end-of-turn token (all of it if none)."""
     for i in range(len(span) - 1, -1, -1):
@@ -60,7 +65,19 @@ def _end_ids(tokenizer: Any) -> set[int]:
 def tokenize_with_assistant_mask(
     messages: list[dict], tokenizer: Any, tools: list[dict] | None = None, max_length: int = 2048
 ) -> dict[str, list[int]]:
-    """``input_ids`` and ``assistant_masks`` (1 on assistant content and its end-of-turn token) of one conversation."""
+    """``input_ids`` and ``assistant_masks`` (1 on assistant content and its end-of-turn token) of one conversation,
+    cut after its last assistant token (and at ``max_length``)."""
+    full, mask = assistant_mask(messages, tokenizer, tools)
+    # Keep the start: the request and the first turns are what the model must learn to answer. Nothing after the
+    # last assistant token carries loss, so it is not trained on.
+    end = min(max_length, max((i + 1 for i, m in enumerate(mask) if m), default=len(full)))
+    return {"input_ids": full[:end], "assistant_masks": mask[:end]}
+
+
+def assistant_mask(
+    messages: list[dict], tokenizer: Any, tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
+    """The token ids of a whole conversation and, per token, 1 on assistant content and its end-of-turn token."""
     full = _ids(tokenizer, messages, tools, generation_prompt=False)
     mask = [0] * len(full)
     end_ids = _end_ids(tokenizer)
@@ -76,10 +93,7 @@ def tokenize_with_assistant_mask(
             )
         stop = len(before) + _turn_end(through[len(before) :], end_ids)
         mask[len(before) : stop] = [1] * (stop - len(before))
-    # Keep the start: the request and the first turns are what the model must learn to answer. Nothing after the
-    # last assistant token carries loss, so it is not trained on.
-    end = min(max_length, max((i + 1 for i, m in enumerate(mask) if m), default=len(full)))
-    return {"input_ids": full[:end], "assistant_masks": mask[:end]}
+    return full, mask
 
 
 def build_dataset(examples: list[list[dict]], tokenizer: Any, tools: list[dict] | None = None, max_length: int = 2048):  # noqa: ANN201 - datasets is heavy to import at module level

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
+import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 
@@ -22,9 +25,12 @@ from autoevolve.store.base import (
     _upsert_sql,
 )
 
+T = TypeVar("T")
+JITTER = random.Random()  # its own generator: a retry's wait never moves the random state a run seeded
+
 
 class RegistryTables(Connection):
-    """Adapters, experts and registry events; ``set_live`` is the only way a version becomes live."""
+    """Adapters, experts and registry events; only ``set_live`` and ``roll_back`` move the live version."""
 
     # -- adapters ---------------------------------------------------------------------------------
 
@@ -97,7 +103,7 @@ class RegistryTables(Connection):
         action: str,
         detail: str = "",
         eval: dict[str, Any] | None = None,
-        retries: int = 5,
+        retries: int = 20,
     ) -> int | None:
         """Make ``version`` (None: the bare base model) the expert's live version; returns the previous one.
 
@@ -106,15 +112,40 @@ class RegistryTables(Connection):
         a reader never sees zero or two live versions. A concurrent change of the same expert conflicts in DuckDB;
         the loser retries on the new state.
         """
+        return self._serial(name, retries, lambda: self._set_live(name, version, action, detail, eval))
+
+    def roll_back(self, name: str, detail: str = "", retries: int = 20) -> tuple[int, int | None]:
+        """Put back the version that was live when the live one was promoted (None: the bare base model), reading
+        both inside the transaction that writes, so a racing promotion cannot make it undo the wrong one. Returns
+        (the version rolled back, the one now live); ValueError when nothing is live."""
+
+        def steps() -> tuple[int, int | None]:
+            live = self.expert(name).live_version
+            if live is None:
+                raise ValueError(f"expert {name} has no live version to roll back (the bare base model serves it)")
+            row = self._one(
+                "SELECT previous_version FROM registry_events WHERE expert = ? AND version = ? AND action = 'promote' "
+                "ORDER BY seq DESC LIMIT 1",
+                [name, live],
+            )
+            target = row[0] if row else None
+            self._set_live(name, target, "rollback", detail, None)
+            return live, target
+
+        return self._serial(name, retries, steps)
+
+    def _serial(self, name: str, retries: int, steps: Callable[[], T]) -> T:
+        """Run ``steps`` in one transaction; on a write conflict with a concurrent change, again on the new state."""
         for attempt in range(retries + 1):
             try:
                 with self._tx():
-                    return self._set_live(name, version, action, detail, eval)
+                    return steps()
             except duckdb.TransactionException:
                 if attempt == retries:
                     raise StoreBusy(
                         f"{self.path}: {name}'s live version kept changing under {retries} retries"
                     ) from None
+                time.sleep(JITTER.uniform(0, 0.005 * 2 ** min(attempt, 6)))  # racers spread out, then retry
         raise AssertionError("unreachable")
 
     def _set_live(self, name: str, version: int | None, action: str, detail: str, eval: dict | None) -> int | None:
@@ -149,11 +180,9 @@ class RegistryTables(Connection):
         )
 
     def events(self, name: str | None = None) -> list[RegistryEvent]:
-        """The registry's history, of one expert or all, oldest first."""
+        """The registry's history, of one expert or all, in the order the changes were made."""
         where, params = ("WHERE expert = ?", [name]) if name is not None else ("", [])
-        rows = self._all(
-            f"SELECT {_cols(EVENT_COLS)}, created_at FROM registry_events {where} ORDER BY created_at, rowid", params
-        )
+        rows = self._all(f"SELECT {_cols(EVENT_COLS)}, created_at FROM registry_events {where} ORDER BY seq", params)
         return [_from_row(RegistryEvent, (*EVENT_COLS, "at"), r) for r in rows]
 
     def adapter_created(self, name: str) -> dict[int, datetime]:

@@ -131,6 +131,16 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        7,
+        "registry_event_order",
+        # created_at is the transaction's start, not its commit: two racing promotions can commit in the other
+        # order, so the history is ordered by a sequence drawn inside the transaction, after its reads.
+        """
+        CREATE SEQUENCE registry_events_seq;
+        ALTER TABLE registry_events ADD COLUMN seq BIGINT DEFAULT nextval('registry_events_seq');
+        """,
+    ),
 ]
 
 LATEST_VERSION = max(v for v, _, _ in MIGRATIONS)

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from autoevolve.distill.dpo import DPOSettings, preference_examples, train_dpo
+from autoevolve.distill.dpo import (
+    DPOSettings,
+    assistant_only_collator,
+    preference_dataset,
+    preference_examples,
+    train_dpo,
+)
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
@@ -42,6 +48,32 @@ def test_pairs_share_the_original_prompt_and_differ_in_completions() -> None:
     assert row["chosen"][0]["content"].startswith('{"name": "book_table"')  # the original's JSON call syntax
     assert [m["role"] for m in row["chosen"]] == ["assistant", "tool", "assistant"]
     assert row["rejected"] == [{"role": "assistant", "content": "I cannot help."}]
+
+
+def test_only_the_assistants_tokens_count_in_the_preference(tiny: str) -> None:  # noqa: F811
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    pairs, tasks, original = _pairs(2)
+    rows = preference_examples(pairs, tasks, original)
+    data = preference_dataset(rows, tokenizer)
+    chosen, mask = data["chosen_ids"][0], data["chosen_mask"][0]
+    tool_result = rows[0]["chosen"][1]["content"]  # assistant, tool, assistant: the middle one is the environment's
+    assert rows[0]["chosen"][1]["role"] == "tool" and tool_result in tokenizer.decode(chosen)
+    shown = tokenizer.decode([t for t, m in zip(chosen, mask, strict=True) if m])
+    hidden = tokenizer.decode([t for t, m in zip(chosen, mask, strict=True) if not m])
+    assert rows[0]["chosen"][0]["content"] in shown and rows[0]["chosen"][2]["content"] in shown
+    assert tool_result in hidden and tool_result not in shown
+    rejected, rejected_mask = data["rejected_ids"][0], data["rejected_mask"][0]
+    assert tokenizer.decode([t for t, m in zip(rejected, rejected_mask, strict=True) if m]).startswith("I cannot help.")
+    assert not tokenizer.decode([t for t, m in zip(rejected, rejected_mask, strict=True) if not m]).strip()
+    examples = [{k: v[i] for k, v in data.items()} for i in range(2)]
+    batch = assistant_only_collator(tokenizer.eos_token_id, max_length=384)(examples)
+    counted = batch["completion_mask"].sum(dim=1).tolist()
+    masks = data["chosen_mask"] + data["rejected_mask"]
+    full = [[0] * len(p) + m for p, m in zip(data["prompt_ids"] * 2, masks, strict=True)]
+    assert counted == [sum(m[:384]) for m in full]  # cut where the ids are cut
+    assert counted[0] < len(chosen)  # TRL's own collator would count the tool result too
 
 
 @pytest.mark.slow  # TRL DPO on CPU: half a minute even on the tiny model
