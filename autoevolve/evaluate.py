@@ -140,8 +140,8 @@ def gate(
     ``alpha``, and (with ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
     report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate", evolved_tasks), dev_tasks)
-    low, high = report.gain_ci
-    promote, p = gate_decision(report.gain, report.p_value, min_gain, alpha), report.p_value
+    (low, high), p = report.gain_ci, report.p_value
+    promote = gate_decision(report.gain, p, min_gain, alpha)
     c = report.cells
     why = "" if promote else (" (needs a gain above the minimum)" if report.gain <= min_gain else " (not significant)")
     reason = (

@@ -192,3 +192,11 @@ def test_the_sign_flip_p_value_is_exact_on_small_samples() -> None:
     assert sign_flip_p([1.0, -1.0, 1.0, 1.0]) == 5 / 16  # sums >= 2: all four plus, or one of four minus
     assert sign_flip_p([0.5, 0.25, -0.25]) == 3 / 8  # sums >= 0.5 of 0.5 ± 0.25 ± 0.25
     assert sign_flip_p([]) == 1.0 and sign_flip_p([-1.0] * 4) == 1.0
+
+
+def test_past_the_exact_limit_the_sign_flip_p_value_is_drawn_close_to_the_exact_one(monkeypatch) -> None:
+    diffs = [1.0] * 14 + [-1.0] * 4 + [0.5, -0.25, 0.75]
+    exact = sign_flip_p(diffs)
+    monkeypatch.setattr("autoevolve.evaluate.EXACT_SUMS", 4)  # count no sums: draw the flips
+    drawn = sign_flip_p(diffs, seed=1)
+    assert drawn != exact and drawn == sign_flip_p(diffs, seed=1) and abs(drawn - exact) < 0.005
