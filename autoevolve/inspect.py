@@ -1,4 +1,5 @@
-"""Reading a run as tables: the search's progress, one row per round, the test 2x2, what the evolved config won.
+"""Reading a run as tables: the search's progress, one row per round, the test 2x2, what the evolved config won,
+the training curve of each adapter the run trained.
 
 Each function takes an open ``Store`` and returns a pandas DataFrame (or text), for the notebook in
 ``notebooks/inspect_trajectories.ipynb`` and for ``autoevolve inspect RUN``. Open the store with
@@ -7,11 +8,14 @@ Each function takes an open ``Store`` and returns a pandas DataFrame (or text), 
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
+from pathlib import Path
 
 import pandas as pd
 
+from autoevolve.distill.sft import TRAINING_LOG
 from autoevolve.evaluate import CELLS
 from autoevolve.lineage import LineageError, config_diff
 from autoevolve.records import Candidate, EvalReport, Message, Selection, Trajectory
@@ -175,6 +179,25 @@ def wins(store: Store, run_id: str, round: int) -> pd.DataFrame:
         )
     columns = ["task_id", "evolved_hcp_id", "evolved_reply", "evolved_reward", "original_reply", "original_reward"]
     return pd.DataFrame(rows, columns=columns)
+
+
+CURVE_COLUMNS = ["round", "adapter", "step", "epoch", "loss", "learning_rate", "grad_norm", "reward"]
+
+
+def training_curves(store: Store, run_id: str) -> pd.DataFrame:
+    """Per adapter the run trained, one row per logged training step, read from ``training_log.jsonl`` in its
+    folder (reward: the RL trainers' mean reward of the step's replies); a folder without the log is skipped."""
+    _known(store, run_id)
+    rows = []
+    for a in store.adapters():
+        log = Path(a.path) / TRAINING_LOG
+        if a.run_id != run_id or not log.is_file():
+            continue
+        for line in log.read_text().splitlines():
+            row = json.loads(line)
+            if "loss" in row or "reward" in row:  # a step's row, not the closing summary
+                rows.append({"round": a.round, "adapter": a.ref} | {k: row.get(k, NAN) for k in CURVE_COLUMNS[2:]})
+    return pd.DataFrame(rows, columns=CURVE_COLUMNS)
 
 
 def best_diff(store: Store, run_id: str, round: int) -> str:

@@ -28,6 +28,7 @@ from autoevolve.evaluate import gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators
 from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.model import base_model_id
+from autoevolve.narration import say
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan
 from autoevolve.report import write_report
@@ -196,7 +197,7 @@ def result(r: Round, stage: str) -> Any:
 def run_stage(r: Round, stage: str, *args: Any) -> Any:
     """Run a stage unless it finished before (then load its result); record its result and seconds."""
     if finished(r, stage):
-        print(f"  {stage}: finished before, loaded from {r.bench.store.path}")
+        say(f"  {stage}: finished before, loaded from {r.bench.store.path}")
         return result(r, stage)
     started = time.perf_counter()
     value = _RUN[stage](r, *args)
@@ -213,7 +214,7 @@ def finish_round(r: Round) -> dict[str, Any]:
     record, dev = get["decide"] or (record, get["gate"])
     report = write_report(r, get["plan"], get["evolve"], get["select"], record, train, dev, get["report"])
     if report["failed_rollouts"]:
-        print(
+        say(
             f"{report['failed_rollouts']} of {report['rollouts']} rollouts failed at the policy endpoint after "
             "retries; they are stored as failed trajectories with reward 0"
         )
@@ -239,7 +240,7 @@ def stage_plan(r: Round) -> TaskPlan:
         before = r.bench.store.stage_result(r.bench.run_id, r.bench.round - 1, "plan") if r.bench.round else None
         tiers = TaskPlan.model_validate(before[0]).tiers if before else None
         task_plan = curriculum.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers)
-        print(f"  plan: {task_plan.why}")
+        say(f"  plan: {task_plan.why}")
     return task_plan
 
 

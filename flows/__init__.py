@@ -3,7 +3,8 @@
 Importing the package sets what an offline run needs, for every entry point (``autoevolve``, ``python -m
 flows.stages``, the bench scripts), each only where the user has not set it: no telemetry from Prefect's temporary
 server (offline it logs an error on every start), no Hugging Face hub lookups, no tokenizer fork warnings. The library's
-``autoevolve.*`` loggers also reach the logs of the flow or task run they log in.
+``autoevolve.*`` loggers, narration included, also reach the logs of the flow or task run they log in, so a deployed
+run's logs hold what a terminal run prints.
 """
 
 import logging
@@ -19,6 +20,8 @@ for _name, _value in (
 from prefect.context import FlowRunContext, TaskRunContext  # noqa: E402 - after the settings above
 from prefect.logging.handlers import APILogHandler  # noqa: E402
 
+from autoevolve import narration  # noqa: E402
+
 
 class RunLogHandler(APILogHandler):
     """Prefect's API log handler for the library's loggers, inside a flow or task run only (outside one, a
@@ -30,7 +33,8 @@ class RunLogHandler(APILogHandler):
 
 
 _library = logging.getLogger("autoevolve")
-if not any(isinstance(h, RunLogHandler) for h in _library.handlers):
-    _library.addHandler(RunLogHandler())
+for _logger in (_library, narration.log):  # narration does not propagate: it prints once, on its own
+    if not any(isinstance(h, RunLogHandler) for h in _logger.handlers):
+        _logger.addHandler(RunLogHandler())
 if _library.level == logging.NOTSET:
     _library.setLevel(logging.INFO)

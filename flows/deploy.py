@@ -30,6 +30,7 @@ from prefect.schedules import Cron
 from prefect.settings import get_current_settings
 
 from autoevolve.config import DeploySettings, RunConfig, load_config
+from autoevolve.narration import say
 from flows.loop import loop_flow
 
 TAGS = ["autoevolve"]
@@ -52,7 +53,7 @@ def evolution_flow(config_path: str, run_id: str | None = None) -> list[dict[str
     """
     config = load_config(config_path)
     config.run_id = run_id or scheduled_run_id(config, flow_run.scheduled_start_time)
-    print(f"run {config.run_id} from {config_path}")
+    say(f"run {config.run_id} from {config_path}")
     return loop_flow(config)
 
 

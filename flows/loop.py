@@ -13,6 +13,7 @@ from prefect import flow
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
+from autoevolve.narration import say
 from autoevolve.report import format_rounds, write_rounds
 from flows.round import round_flow
 
@@ -31,8 +32,8 @@ def loop_flow(config: RunConfig) -> list[dict[str, Any]]:
     reports = [_round(config, r) for r in range(config.rounds)]
     path = write_rounds(config, reports)
     if len(reports) > 1:
-        print(format_rounds(reports))
-        print(f"rounds: {path}")
+        say(format_rounds(reports))
+        say(f"rounds: {path}")
     return reports
 
 
@@ -44,7 +45,7 @@ def _round(config: RunConfig, r: int) -> dict[str, Any]:
         except Exception as exc:
             if attempt == ROUND_RETRIES or not loop.transient(exc):
                 raise
-            print(f"round {r} failed on a transient error ({exc}); running it again in {RETRY_DELAY_S:.0f} s")
+            say(f"round {r} failed on a transient error ({exc}); running it again in {RETRY_DELAY_S:.0f} s")
             time.sleep(RETRY_DELAY_S)
     raise AssertionError("unreachable")
 

@@ -34,6 +34,7 @@ from autoevolve.config import RunConfig, load_config
 from autoevolve.evaluate import format_table
 from autoevolve.hcp import diff
 from autoevolve.markdown import candidate_rows, round_markdown
+from autoevolve.narration import say
 from autoevolve.records import EvalReport
 from autoevolve.workbench import Progress
 
@@ -87,7 +88,7 @@ def remote_stage(r: loop.Round, name: str, deployment: str) -> Any:
     r.bench.store.close()  # the worker opens the DuckDB file, and DuckDB allows one writing process at a time
     parameters = {"config": json.loads(r.config.model_dump_json()), "round": r.bench.round}
     timeout = r.config.deploy.remote_timeout_s
-    print(f"  {name}: running on deployment {deployment} (waiting for its flow run)")
+    say(f"  {name}: running on deployment {deployment} (waiting for its flow run)")
     try:
         run = run_deployment(deployment, parameters=parameters, timeout=timeout)
     except ObjectNotFound:
@@ -128,7 +129,7 @@ def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
         f"## Promote {r.config.expert}? (run {r.bench.run_id}, round {r.bench.round})\n\n"
         f"```\n{format_table(dev)}\n```\n\n{dev.reason}"
     )
-    print(f"waiting up to {s.approval_timeout_s} s for approval of the promotion (Prefect: resume this flow run)")
+    say(f"waiting up to {s.approval_timeout_s} s for approval of the promotion (Prefect: resume this flow run)")
     try:
         answer = pause_flow_run(
             wait_for_input=Approval.with_initial_data(description=description, approve=False),
@@ -163,7 +164,7 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
     try:
         done = loop.round_report(r.bench.store, r.bench.run_id, r.bench.round)
         if done is not None:
-            print(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
+            say(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
             return done
         plan_stage(r)
         evolve_stage(r)
@@ -181,14 +182,14 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
         r.bench.store.close()
     publish(r, report, changes)
     if "eval" not in report:  # nothing to distil: the report says so instead of training on nothing
-        print(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
+        say(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
         return report
     test, dev = loop.result(r, "report"), loop.result(r, "decide")[1]
-    print(format_table(test))
-    print(f"gate (dev): {dev.decision}: {dev.reason}")
+    say(format_table(test))
+    say(f"gate (dev): {dev.decision}: {dev.reason}")
     if test.retention is not None:
-        print(f"retention (test): {test.retention:.2f} of the evolved prompt's gain kept with the original prompt")
-    print(f"report: {r.run_dir / 'report.json'}")
+        say(f"retention (test): {test.retention:.2f} of the evolved prompt's gain kept with the original prompt")
+    say(f"report: {r.run_dir / 'report.json'}")
     return report
 
 

@@ -29,10 +29,23 @@ def _tiny_config(tmp_path: Path, model_dir: Path, extra: str = ""):
     return load_config(path)
 
 
-def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
+def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, tiny_model_dir, capsys) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
     from flows.round import round_flow
 
-    report = round_flow(_tiny_config(tmp_path, tiny_model_dir))
+    state = round_flow(_tiny_config(tmp_path, tiny_model_dir), return_state=True)
+    report = state.result()
+    # Narration prints once on the terminal and reaches the run's logs, as a deployed run's would.
+    APILogHandler().flush()
+    with get_client(sync_client=True) as client:
+        run_id = state.state_details.flow_run_id
+        logged = [row.message for row in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))]
+    said = f"no rollout of the evolved configs beat the original: nothing to distil ({tmp_path / 'runs' / 'tiny'})"
+    assert capsys.readouterr().out.splitlines().count(said) == 1
+    assert said in logged
     assert report["selected"] == 0 and report["adapter"] is None and "eval" not in report
     assert [c["mutator"] for c in report["candidates"]] == ["seed", "tool_format"]
     assert set(report["seconds"]) == {"plan", "evolve", "select"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from autoevolve.inspect import best_diff, reply, round_summary, search_progress, two_by_two, wins
+from autoevolve.inspect import best_diff, reply, round_summary, search_progress, training_curves, two_by_two, wins
 from autoevolve.lineage import LineageError
-from autoevolve.records import Message, ToolCall
+from autoevolve.records import AdapterRecord, Message, ToolCall
 from autoevolve.store import Store
 from tests.test_export import ADAPTER, RUN, build_run, configs
 
@@ -129,3 +130,32 @@ def test_cli_inspect_unknown_run_or_store_exits_2(built: Path, tmp_path: Path) -
     assert done.stderr.splitlines() == [f"autoevolve: no run 'nope' in {built} (runs: demo, other)"]
     done = _cli("inspect", RUN, "--store", str(tmp_path / "missing.duckdb"))
     assert done.returncode == 2 and "no store at" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def add_trained_adapters(store: Store, folder: Path) -> None:
+    """Two adapters of the run with a training log each (v2 continues v1), and one of another run."""
+    for version, run, losses in ((1, RUN, [2.0, 1.0, 0.5]), (2, RUN, [0.8, 0.4]), (3, "other", [9.0])):
+        path = folder / f"L1-life-v{version}"
+        path.mkdir(parents=True)
+        rows = [{"step": i + 1, "epoch": 0.5 * (i + 1), "loss": v, "learning_rate": 1e-3, "grad_norm": 1.5}
+                for i, v in enumerate(losses)]  # fmt: skip
+        rows.append({"step": len(losses), "train_runtime": 3.2, "train_loss": sum(losses) / len(losses)})
+        (path / "training_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        store.put_adapter(
+            AdapterRecord(name="L1-life", version=version, base_model="m", path=str(path), run_id=run,
+                          round=version - 1, hcp_id="h")
+        )  # fmt: skip
+
+
+def test_training_curves_read_each_adapters_log_of_the_run(tmp_path: Path) -> None:
+    build_run(tmp_path / "s.duckdb")
+    with Store(tmp_path / "s.duckdb") as store:
+        add_trained_adapters(store, tmp_path / "adapters")
+        (tmp_path / "adapters" / "L1-life-v2" / "training_log.jsonl").unlink()  # an adapter from before the log
+        curves = training_curves(store, RUN)
+    assert curves[["round", "adapter", "step", "loss"]].values.tolist() == [
+        [0, "L1-life@v1", 1, 2.0],
+        [0, "L1-life@v1", 2, 1.0],
+        [0, "L1-life@v1", 3, 0.5],
+    ]  # the summary row and the other run's adapter are not steps of this run
+    assert curves["grad_norm"].tolist() == [1.5] * 3 and curves["reward"].isna().all()

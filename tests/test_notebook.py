@@ -1,4 +1,4 @@
-"""notebooks/inspect_trajectories.ipynb run top to bottom on a two-round store: every cell runs, both plots land."""
+"""notebooks/inspect_trajectories.ipynb top to bottom on a two-round store: every cell runs, its three plots land."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from pathlib import Path
 
 import nbformat
 
+from autoevolve.store import Store
 from tests.notebook import errors, run_notebook
 from tests.test_export import ADAPTER, RUN, build_run
+from tests.test_inspect import add_trained_adapters
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "inspect_trajectories.ipynb"
 
@@ -20,13 +22,15 @@ def _text(cell: nbformat.NotebookNode) -> str:
     return "".join(parts)
 
 
-def test_notebook_runs_and_saves_both_plots(tmp_path: Path) -> None:
+def test_notebook_runs_and_saves_its_plots(tmp_path: Path) -> None:
     build_run(tmp_path / "s.duckdb")
+    with Store(tmp_path / "s.duckdb") as store:
+        add_trained_adapters(store, tmp_path / "adapters")
     run_dir = tmp_path / "runs" / RUN
     env = {"AUTOEVOLVE_STORE": str(tmp_path / "s.duckdb"), "AUTOEVOLVE_RUN": RUN, "AUTOEVOLVE_RUN_DIR": str(run_dir)}
     done = run_notebook(NOTEBOOK, env)
     assert errors(done) == []
-    for name in ("search.png", "rounds.png"):
+    for name in ("search.png", "rounds.png", "training.png"):
         png = (run_dir / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name  # a drawn figure, not an empty canvas
     code = [c for c in done.cells if c.cell_type == "code"]
@@ -36,4 +40,4 @@ def test_notebook_runs_and_saves_both_plots(tmp_path: Path) -> None:
     assert "+tool_format: json" in out  # the last round's diff
     assert f"round 1: base = {ADAPTER}, adapter = L1-life@v2" in out  # the 2x2 of the last tested round
     images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
-    assert len(images) == 2
+    assert len(images) == 3

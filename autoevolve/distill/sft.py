@@ -13,13 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autoevolve.distill.compact import compact_sft_trainer
 from autoevolve.distill.dataset import build_dataset
 from autoevolve.model import base_model_id, load, native_bf16
 from autoevolve.workbench import print_progress
 
+TRAINING_LOG = "training_log.jsonl"  # in every adapter folder: the trainer's log rows, one JSON object a line
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -52,6 +53,30 @@ class SFTSettings(BaseModel):
         "gradients are unchanged; only the compute shrinks).",
     )
     seed: int = Field(default=0, description="Seed for adapter init, data order and dropout.")
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="Also stream the per-step training log to these transformers integrations (tensorboard, "
+        "trackio, mlflow, wandb, ...), each set up as it documents; files they write locally (TensorBoard's event "
+        "files) go to the adapter folder's logs/. The log is always saved there as training_log.jsonl.",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _installed_integrations(cls, names: list[str]) -> list[str]:
+        """Refuse a name transformers does not know, or whose package is missing, before any rollout is spent."""
+        from transformers.integrations.integration_utils import (
+            INTEGRATION_TO_CALLBACK,
+            get_available_reporting_integrations,
+        )
+
+        for name in names:
+            if name not in INTEGRATION_TO_CALLBACK:
+                known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
+                raise ValueError(f"{name!r} is not a transformers integration (known: {known})")
+            if name not in get_available_reporting_integrations():
+                package = name.replace("_", "-")
+                raise ValueError(f"{name!r} needs its package installed (pip install {package})")
+        return names
 
 
 class TrainResult(BaseModel):
@@ -121,10 +146,14 @@ def fit(
     model, tokenizer = load(model_name, "bfloat16" if mixed_bf16(settings) else "float32")
     model = _with_adapter(model, settings, init_adapter)
     with tempfile.TemporaryDirectory(prefix="autoevolve-train-") as tmp:
-        trainer, examples = build(model, tokenizer, tmp, torch.cuda.is_available())
+        # What an integration writes locally (TensorBoard's event files) is kept beside the adapter.
+        output_dir = str(Path(out_dir) / "logs") if settings.report_to else tmp
+        trainer, examples = build(model, tokenizer, output_dir, torch.cuda.is_available())
         trainer.add_callback(_progress_callback(_print_step))
         output = trainer.train()
     path = _save(trainer.model, out_dir, base_model_id(model_name))
+    rows = trainer.state.log_history  # one row per step (loss, learning rate, grad norm, reward), then a summary
+    (path / TRAINING_LOG).write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
     return trained(trainer, output, path, start, examples)
 
 
@@ -159,7 +188,8 @@ def mixed_bf16(settings: SFTSettings) -> bool:
 
 
 def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str, Any]:
-    """Arguments every trainer shares: no checkpoints, no reporting, a log line per step, seeded, device-aware."""
+    """Arguments every trainer shares: no checkpoints, a log row per step (to ``report_to`` too), seeded,
+    device-aware."""
     return {
         "output_dir": output_dir,
         "num_train_epochs": settings.epochs,
@@ -175,7 +205,7 @@ def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str
         "save_strategy": "no",
         "logging_strategy": "steps",
         "logging_steps": 1,
-        "report_to": [],
+        "report_to": list(settings.report_to),
         "seed": settings.seed,
         "data_seed": settings.seed,
         "dataloader_num_workers": 0,

@@ -182,6 +182,40 @@ def test_train_sft_learns_and_saves_a_vllm_ready_adapter(tiny: str, tmp_path: Pa
     config = json.loads((Path(result.path) / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == tiny
     assert config["r"] == settings.lora_r and config["peft_type"] == "LORA"
+    # The folder keeps the trainer's log: a row per step with loss, learning rate and grad norm, then a summary.
+    rows = [json.loads(line) for line in (Path(result.path) / "training_log.jsonl").read_text().splitlines()]
+    steps = [row for row in rows if "loss" in row]
+    assert [row["step"] for row in steps] == list(range(1, 21)) and "train_runtime" in rows[-1]
+    assert steps[0]["loss"] == pytest.approx(result.first_loss) and steps[-1]["loss"] == pytest.approx(result.last_loss)
+    assert all(row["learning_rate"] > 0 and row["grad_norm"] > 0 for row in steps)
+    assert not (Path(result.path) / "logs").exists()  # nothing streamed: no integration folder
+
+
+def test_report_to_streams_the_training_log_to_tensorboard_beside_the_adapter(tiny: str, tmp_path: Path) -> None:
+    from tensorboardX.proto import event_pb2
+
+    settings = FAST.model_copy(update={"report_to": ["tensorboard"]})
+    result = train_sft(_examples(4), tiny, tmp_path / "adapter", settings)
+    files = sorted((Path(result.path) / "logs").rglob("events.out.tfevents.*"))
+    assert len(files) == 1
+    losses = []
+    data = files[0].read_bytes()
+    while data:  # TFRecord: length (8 bytes), its CRC (4), the event, its CRC (4)
+        n = int.from_bytes(data[:8], "little")
+        event = event_pb2.Event.FromString(data[12 : 12 + n])
+        losses += [(event.step, v.simple_value) for v in event.summary.value if v.tag == "train/loss"]
+        data = data[16 + n :]
+    assert [step for step, _ in losses] == list(range(1, result.steps + 1))
+    assert losses[0][1] == pytest.approx(result.first_loss, rel=1e-5)
+
+
+def test_report_to_refuses_an_unknown_or_missing_integration() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="'tensorbored' is not a transformers integration"):
+        SFTSettings(report_to=["tensorbored"])
+    with pytest.raises(ValidationError, match=r"'swanlab' needs its package installed \(pip install swanlab\)"):
+        SFTSettings(report_to=["swanlab"])
 
 
 def test_continued_training_starts_from_the_init_adapter(tiny: str, tmp_path: Path) -> None:
