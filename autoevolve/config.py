@@ -317,9 +317,13 @@ class RegistrySettings(Section):
         default="rollback", description="rollback: put the previous version back; keep: stay live, flagged."
     )
     approval: bool = Field(
-        default=False, description="Pause the round before a promotion until a person approves (--auto-approve: skip)."
+        default=False,
+        description="Wait for a person to approve before a promotion: a deployed flow run is suspended (its worker "
+        "freed), one started by hand pauses in place (--auto-approve: skip).",
     )
-    approval_timeout_s: int = Field(default=3600, gt=0, description="Seconds to wait for approval before rejecting.")
+    approval_timeout_s: int = Field(
+        default=3600, gt=0, description="Seconds to wait for an answer; then the promotion is not made."
+    )
 
 
 # Docker worker job variables (prefect-docker's `docker` work pool type) that give a flow run's container one GPU.

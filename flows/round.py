@@ -17,7 +17,7 @@ import sys
 from typing import Any
 from uuid import UUID
 
-from prefect import flow, pause_flow_run, task
+from prefect import flow, pause_flow_run, suspend_flow_run, task
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
@@ -25,9 +25,11 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NONE
+from prefect.client.orchestration import get_client
 from prefect.deployments import run_deployment
-from prefect.exceptions import FlowPauseTimeout, ObjectNotFound
-from prefect.input import RunInput
+from prefect.exceptions import FlowPauseTimeout, ObjectNotFound, Pause
+from prefect.input import RunInput, keyset_from_base_key, read_flow_run_input
+from prefect.runtime import flow_run
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
@@ -123,24 +125,51 @@ class Approval(RunInput):
 
 
 def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
-    """Pause the flow run until a person approves the promotion (Prefect UI or resume_flow_run with run_input)."""
+    """Wait for a person to approve the promotion (Prefect UI, or resume_flow_run with run_input).
+
+    Under a deployment the top flow run is suspended: its process exits and frees the worker, and resuming it
+    with an answer runs the flow again, which reloads every finished stage from the store and reads the answer
+    here (the suspension's key is the run's and round's, so it fires once). Prefect fails a suspended run that
+    gets no answer within ``registry.approval_timeout_s``; the candidate then stays unpromoted. A run without a
+    deployment (``autoevolve run``) pauses in place instead, and no answer in time rejects the promotion.
+    """
     s = r.config.registry
     description = (
         f"## Promote {r.config.expert}? (run {r.bench.run_id}, round {r.bench.round})\n\n"
         f"```\n{format_table(dev)}\n```\n\n{dev.reason}"
     )
-    say(f"waiting up to {s.approval_timeout_s} s for approval of the promotion (Prefect: resume this flow run)")
-    try:
-        answer = pause_flow_run(
-            wait_for_input=Approval.with_initial_data(description=description, approve=False),
-            timeout=s.approval_timeout_s,
-            poll_interval=poll_s,
-        )
-    except FlowPauseTimeout:
-        return loop.declined(r, dev, f"no answer within {s.approval_timeout_s} s")
+    ask = Approval.with_initial_data(description=description, approve=False)
+    deployed = deployed_root()
+    if deployed is not None:
+        key = f"approve-{r.bench.run_id}-{r.bench.round}"
+        keyset = keyset_from_base_key(f"suspended-{key}")  # the suspension's input keys (Prefect's naming)
+        given = read_flow_run_input(keyset["response"], flow_run_id=deployed)
+        if given is None:
+            again = suspend_flow_run(wait_for_input=ask, flow_run_id=deployed, timeout=s.approval_timeout_s, key=key)
+            if again is not None:  # this suspension fired before, and the run went on without an answer
+                return loop.declined(r, dev, "resumed without an answer")
+            # Prefect keeps the form on the calling (sub)flow run; resuming reads it from the suspended one.
+            ask.save(keyset, flow_run_id=deployed)
+            say(f"suspended flow run {deployed} for approval of the promotion (resume it with an answer)")
+            with get_client(sync_client=True) as client:
+                raise Pause(state=client.read_flow_run(deployed).state)  # ends this process, freeing its worker
+        answer = Approval.model_validate(given)
+    else:
+        say(f"waiting up to {s.approval_timeout_s} s for approval of the promotion (Prefect: resume this flow run)")
+        try:
+            answer = pause_flow_run(wait_for_input=ask, timeout=s.approval_timeout_s, poll_interval=poll_s)
+        except FlowPauseTimeout:
+            return loop.declined(r, dev, f"no answer within {s.approval_timeout_s} s")
     if not answer.approve:
         return loop.declined(r, dev, f"declined{': ' + answer.note if answer.note else ''}")
     return dev
+
+
+def deployed_root() -> UUID | None:
+    """The top flow run of this one when it runs a deployment (only such a run can be suspended), else None."""
+    root = UUID(flow_run.root_flow_run_id)
+    with get_client(sync_client=True) as client:
+        return root if client.read_flow_run(root).deployment_id else None
 
 
 # Idempotent too: a version that is live already is not promoted (nor its hooks fired) a second time.

@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -215,9 +217,9 @@ def test_a_scheduled_run_is_named_after_the_config_and_its_scheduled_date(tmp_pa
 DEPLOYMENT = "autoevolve-distill/test-remote"
 
 
-@pytest.fixture(scope="module")
-def served(prefect_harness):
-    """The distill stage flow served by a runner in its own process; like a worker, it loads the entrypoint."""
+@contextmanager
+def _serving(entrypoint: str, name: str, deployment: str) -> Iterator[str]:
+    """A flow served by a runner in its own process; like a worker, it loads the entrypoint from the checkout."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
@@ -226,7 +228,7 @@ def served(prefect_harness):
         "from prefect.deployments.runner import RunnerDeployment\n"
         "from prefect.runner.storage import LocalStorage\n"
         f"storage = LocalStorage({str(ROOT)!r})\n"
-        "serve(RunnerDeployment.from_storage(storage, 'flows/stages.py:distill_flow', 'test-remote'))"
+        f"serve(RunnerDeployment.from_storage(storage, {entrypoint!r}, {name!r}))"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, env=_env(PREFECT_RUNNER_POLL_FREQUENCY="1"),
@@ -235,14 +237,21 @@ def served(prefect_harness):
     with get_client(sync_client=True) as client:
         for _ in range(240):
             try:
-                client.read_deployment_by_name(DEPLOYMENT)
+                client.read_deployment_by_name(deployment)
                 break
             except ObjectNotFound:
                 assert proc.poll() is None, "the runner exited before serving"
                 time.sleep(0.5)
-    yield DEPLOYMENT
+    yield deployment
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(prefect_harness):
+    """The distill stage flow, served."""
+    with _serving("flows/stages.py:distill_flow", "test-remote", DEPLOYMENT) as deployment:
+        yield deployment
 
 
 @pytest.mark.slow  # a Prefect runner in its own process picks the stage up
@@ -350,3 +359,44 @@ def test_a_bad_deploy_section_stops_at_load_with_the_field(tmp_path: Path, deplo
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert str(caught.value).startswith(f"{path}: {error}")
+
+
+# -- approval under a deployment ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a Prefect runner in its own process runs the flow, twice
+def test_approval_under_a_deployment_suspends_the_run_and_an_answer_runs_it_again(tmp_path: Path, prefect_harness):
+    from prefect import resume_flow_run
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    path, log = tmp_path / "run.yaml", tmp_path / "log"
+    path.write_text(
+        f"run_id: approve\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"
+        "registry: {approval: true, approval_timeout_s: 600}\n"
+    )
+
+    def state_of(run_id, done) -> str:  # noqa: ANN001 - waits until done(state), then returns its name
+        with get_client(sync_client=True) as client:
+            for _ in range(480):
+                state = client.read_flow_run(run_id).state
+                if done(state):
+                    return state.name
+                time.sleep(0.5)
+        raise AssertionError(f"flow run still {state.name}")
+
+    with _serving("tests/approval_flow.py:approval_root", "test-approval", "approval-root/test-approval") as name:
+        run = run_deployment(name, parameters={"config_path": str(path), "log": str(log)}, timeout=0)
+        # Suspended, not paused: the flow run's process ended (no decision was written) and frees its worker.
+        assert state_of(run.id, lambda s: s.is_paused()) == "Suspended"
+        assert log.read_text().split() == ["asked"]
+        with get_client(sync_client=True) as client:
+            details = client.read_flow_run(run.id).state.state_details
+        assert details.pause_reschedule and details.pause_key == "approve-approve-0"
+        resume_flow_run(run.id, run_input={"approve": False, "note": "not tonight"})
+        assert state_of(run.id, lambda s: s.is_final()) == "Completed"
+    # Run again from the top: the subflow asked once more, read the answer, and the promotion was declined.
+    assert log.read_text().split() == ["asked", "asked", "reject"]
+    with Store(tmp_path / "s.duckdb", read_only=True) as store:
+        [stored] = store.evaluations("approve")
+    assert stored.decision == "reject" and stored.reason.endswith("; not approved: declined: not tonight")
