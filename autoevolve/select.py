@@ -2,12 +2,12 @@
 
 Per task, each evolved config's mean reward over its samples is compared with the original config's mean; a
 config that beats it by more than the margin contributes its best samples (distinct conversations, each reaching
-``min_reward``), up to ``max_per_task``. A sampled copy of each tier's best config (its temperature raised) may
-add k samples on each task of that tier the original has not solved, each of which wins on its own reward:
-rejection sampling against the environment's own scorer, so a round whose search moved little still finds
-rollouts that beat the live adapter. Their sample numbers start at ``round * k``, so each round draws new ones. A
-tier may draw more samples, and keep more distinct wins per task, than the others (a tier just opened, where
-samples are the only wins). Then no tier may keep more than ``tier_ratio`` times the items of the harder tier
+``min_reward``), up to ``max_per_task``. With ``best_of`` > 1 a sampled copy of each tier's best config (its
+temperature raised) adds that many samples on each task of that tier the original has not solved, each of which
+wins on its own reward: rejection sampling against the environment's own scorer, so a round whose search moved
+little still finds rollouts that beat the live adapter. Their sample numbers start at ``round * k``, so each
+round draws new ones; a tier may draw more samples, and keep more distinct wins per task, than the others (a tier
+just opened, where samples are the only wins). Then no tier may keep more than ``tier_ratio`` times the items of the harder tier
 with the fewest, so easy tasks do not dominate and a hard tier is never cut to make room for an easy one. Each
 item names the baseline rollout it beat (the original's lowest-reward sample), which also makes the (chosen,
 rejected) pairs for preference training.
@@ -54,8 +54,7 @@ def select(
 
     ``evolved`` lists the configs whose rollouts may be kept, best first: the best config is rolled out on
     every task ``samples`` times; rollouts of the others already in the store (from the search) are used as
-    they are; ``sampled`` (tier -> its sampling, if given) is rolled out on that tier's unsolved tasks. A kept
-    rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
+    they are; ``sampled`` (tier -> its sampling, if given) is rolled out on that tier's unsolved tasks. A kept rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
     """
     baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select", samples=samples))
     pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=samples)]
