@@ -219,17 +219,6 @@ class SelectSettings(Section):
         "this many of its own train tasks' labelled solutions as full demos (the nearest, never the task's own); "
         "0 or evolve.references false: off.",
     )
-    new_tier_samples: int = Field(
-        default=0,
-        ge=0,
-        description="Samples per unsolved task of a tier sampled under its own references (new_tier_demos), where "
-        "samples are the only wins; 0: best_of.",
-    )
-    new_tier_keep: int = Field(
-        default=1,
-        ge=1,
-        description="Distinct winning samples kept per task of such a tier (at least max_per_task).",
-    )
 
 
 class DistillSettings(GRPOSettings):

@@ -32,7 +32,7 @@ from autoevolve.narration import say
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan
 from autoevolve.report import write_report
-from autoevolve.select import Sampling, select
+from autoevolve.select import select
 from autoevolve.store import Store, StoreBusy
 from autoevolve.workbench import EndpointDown, Workbench, mean
 
@@ -299,14 +299,14 @@ def stage_select(r: Round) -> Selection:
         max_per_task=s.max_per_task,
         tier_ratio=s.tier_ratio,
         sampled=sampled,
+        best_of=s.best_of,
     )
 
 
-def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, Sampling]:
+def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:
     """Per tier in play, the kept config with the best dev score on that tier's tasks (the best overall among
-    equals), sampled ``best_of`` times at the select temperature: a new tier's samples come from the config that
-    opened it. A tier no kept config scores on is sampled with its own references as demos
-    (``select.new_tier_demos``), ``new_tier_samples`` times, keeping up to ``new_tier_keep`` wins per task."""
+    equals), sampled at the select temperature: a new tier's samples come from the config that opened it. A tier
+    no kept config scores on is sampled with its own references as demos (``select.new_tier_demos``)."""
     s = r.config.select
     tier_of = {t.id: t.tier for t in tasks_in_play(r, "dev", r.config.evolve.dev_tasks)}
     kept = [c for c in evolved.candidates if c.status == "keep"]
@@ -315,12 +315,9 @@ def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, Sampling]:
         score = {c.hcp_id: mean([v for task, v in c.scores.items() if tier_of.get(task) == tier]) for c in kept}
         top = max(kept, key=lambda c: (score[c.hcp_id], c.hcp_id == evolved.best.id))
         hcp = evolved.configs[top.hcp_id]
-        unopened = score[top.hcp_id] == 0.0 and s.new_tier_demos and r.config.evolve.references
-        opener = tier_demos(r, tier, s.new_tier_demos) if unopened else None
-        if opener is not None:
-            out[tier] = Sampling(opener.sampled(s.temperature), s.new_tier_samples or s.best_of, s.new_tier_keep)
-        else:
-            out[tier] = Sampling(hcp.sampled(s.temperature), s.best_of)
+        if score[top.hcp_id] == 0.0 and s.new_tier_demos and r.config.evolve.references:
+            hcp = tier_demos(r, tier, s.new_tier_demos) or hcp
+        out[tier] = hcp.sampled(s.temperature)
     return out
 
 

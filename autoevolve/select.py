@@ -5,9 +5,8 @@ config that beats it by more than the margin contributes its best samples (disti
 ``min_reward``), up to ``max_per_task``. With ``best_of`` > 1 a sampled copy of each tier's best config (its
 temperature raised) adds that many samples on each task of that tier the original has not solved, each of which
 wins on its own reward: rejection sampling against the environment's own scorer, so a round whose search moved
-little still finds rollouts that beat the live adapter. Their sample numbers start at ``round * k``, so each
-round draws new ones; a tier may draw more samples, and keep more distinct wins per task, than the others (a tier
-just opened, where samples are the only wins). Then no tier may keep more than ``tier_ratio`` times the items of the harder tier
+little still finds rollouts that beat the live adapter. Their sample numbers start at ``round * best_of``, so
+each round draws new ones. Then no tier may keep more than ``tier_ratio`` times the items of the harder tier
 with the fewest, so easy tasks do not dominate and a hard tier is never cut to make room for an easy one. Each
 item names the baseline rollout it beat (the original's lowest-reward sample), which also makes the (chosen,
 rejected) pairs for preference training.
@@ -19,21 +18,10 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, SelectedTrajectory, Selection, Task, Trajectory
 from autoevolve.workbench import Workbench, mean
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Rejection sampling on one tier: ``k`` samples of ``config`` per unsolved task, up to ``keep`` distinct wins
-    kept per task (or ``max_per_task``, if more)."""
-
-    config: HCPConfig
-    k: int
-    keep: int = 1
 
 
 def select(
@@ -48,13 +36,15 @@ def select(
     samples: int = 1,
     max_per_task: int = 1,
     tier_ratio: float | None = None,
-    sampled: dict[int, Sampling] | None = None,
+    sampled: dict[int, HCPConfig] | None = None,
+    best_of: int = 1,
 ) -> Selection:
     """Pair rollouts per task and keep the evolved ones that beat the original's (see the module docstring).
 
     ``evolved`` lists the configs whose rollouts may be kept, best first: the best config is rolled out on
     every task ``samples`` times; rollouts of the others already in the store (from the search) are used as
-    they are; ``sampled`` (tier -> its sampling, if given) is rolled out on that tier's unsolved tasks. A kept rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
+    they are; ``sampled`` (tier -> config, if given) is rolled out ``best_of`` times on that tier's unsolved
+    tasks. A kept rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
     """
     baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select", samples=samples))
     pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=samples)]
@@ -63,13 +53,12 @@ def select(
     by_config = [_by_task(pool) for pool in pools]
     draws: dict[str, list[Trajectory]] = {}
     unsolved = [t for t in tasks if mean([b.reward for b in baseline[t.id]]) < 1.0]  # nothing beats a full score
-    for tier, how in sorted((sampled or {}).items()):
+    first = bench.round * best_of
+    for tier, config in sorted((sampled or {}).items()):
         todo = [t for t in unsolved if t.tier == tier]
         if todo:
-            first = bench.round * how.k
-            draws |= _by_task(bench.rollouts(how.config, todo, adapter, "select", samples=how.k, first_sample=first))
+            draws |= _by_task(bench.rollouts(config, todo, adapter, "select", samples=best_of, first_sample=first))
     tiers = {t.id: t.tier for t in tasks}
-    keep = {tier: max(max_per_task, how.keep) for tier, how in (sampled or {}).items()}
     kept: list[tuple[Trajectory, Trajectory]] = []
     for task_id, base in sorted(baseline.items()):
         bar = mean([t.reward for t in base]) + margin
@@ -77,8 +66,7 @@ def select(
         wins = [t for trajs in winners for t in trajs]  # a config wins by its mean: one lucky sample is not a win
         wins += [t for t in draws.get(task_id, []) if t.reward > bar]  # a rejection sample wins on its own
         worst = min(base, key=lambda t: t.reward)  # first of equals
-        limit = keep.get(tiers[task_id], max_per_task)
-        kept += [(t, worst) for t in _best_distinct(wins, min_reward, limit)]
+        kept += [(t, worst) for t in _best_distinct(wins, min_reward, max_per_task)]
     kept = _balance(kept, tiers, tier_ratio)
     items = [_item(win, base) for win, base in kept]
     selection = Selection(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
-from autoevolve.select import Sampling, preference_pairs, select, selected_trajectories
+from autoevolve.select import preference_pairs, select, selected_trajectories
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 
@@ -153,29 +153,10 @@ def test_best_of_samples_win_one_by_one_on_unsolved_tasks_with_new_numbers_each_
         # Round 1 of best-of-2 asks for samples 2 and 3 (round 0 had 0 and 1); only 3 solves the task.
         _put(store, sampled, t0.id, [1.0, 1.0, 0.0, 1.0], texts=["r0-a", "r0-b", "r1-a", "r1-b"])
         bench = Workbench(NoCalls(), env, store, run_id="r", round=1, progress=None)
-        selection = select(bench, original, [best], [t0, t1], sampled={1: Sampling(sampled, 2)}, min_reward=1.0)
+        selection = select(bench, original, [best], [t0, t1], sampled={1: sampled}, best_of=2, min_reward=1.0)
     assert [(i.task_id, i.hcp_id, i.sample, i.baseline_reward) for i in selection.items] == [
         (t0.id, sampled.id, 3, 0.0)
     ]
-
-
-def test_a_sampled_tier_keeps_up_to_its_own_number_of_distinct_wins_per_task(tmp_path) -> None:
-    env = LifeEnv(tiers=(1, 2))
-    t1, t2 = env.tasks("train")[:2]
-    original = HCPConfig.from_yaml("prompts/life.yaml")
-    best = original.model_copy(update={"tool_format": "python"})
-    opener = original.model_copy(update={"tool_format": "compact"}).sampled(0.7)
-    with Store(tmp_path / "s.duckdb") as store:
-        for task in (t1, t2):
-            _put(store, original, task.id, [0.0])
-            _put(store, best, task.id, [0.0])
-        _put(store, best.sampled(0.7), t1.id, [1.0, 1.0, 1.0], texts=["a", "b", "c"])
-        # Tier 2 keeps 2 of its 3 winning samples: the two distinct ones (the second "x" repeats the first).
-        _put(store, opener, t2.id, [1.0, 1.0, 1.0], texts=["x", "x", "y"])
-        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        sampled = {1: Sampling(best.sampled(0.7), 3), 2: Sampling(opener, 3, keep=2)}
-        selection = select(bench, original, [best], [t1, t2], sampled=sampled, min_reward=1.0, tier_ratio=None)
-    assert [(i.task_id, i.sample) for i in selection.items] == [(t1.id, 0), (t2.id, 0), (t2.id, 2)]
 
 
 def test_each_tier_is_sampled_under_its_own_config(tmp_path) -> None:
@@ -192,6 +173,6 @@ def test_each_tier_is_sampled_under_its_own_config(tmp_path) -> None:
         _put(store, best.sampled(0.7), t1.id, [1.0])
         _put(store, opener, t2.id, [1.0])  # no sample of best exists on t2: asking for one would fail
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        sampled = {1: Sampling(best.sampled(0.7), 1), 2: Sampling(opener, 1)}
-        selection = select(bench, original, [best], [t1, t2], sampled=sampled, min_reward=1.0)
+        sampled = {1: best.sampled(0.7), 2: opener}
+        selection = select(bench, original, [best], [t1, t2], sampled=sampled, best_of=1, min_reward=1.0)
     assert [(i.task_id, i.hcp_id) for i in selection.items] == [(t1.id, best.sampled(0.7).id), (t2.id, opener.id)]
