@@ -11,7 +11,7 @@ import pytest
 
 from autoevolve.config import load_config
 from autoevolve.envs.life import LifeEnv
-from autoevolve.records import Cell, EvalReport
+from autoevolve.records import EvalReport
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 
@@ -93,19 +93,12 @@ def test_approval_pauses_the_flow_until_a_person_answers(
 
     from autoevolve import loop
     from flows.round import approval
+    from tests.approval_flow import gate_report
     from tests.test_select import NoCalls
 
     # An answered pause waits long enough for a loaded machine's SQLite-backed test server to record the answer.
     config = _tiny_config(tmp_path, tmp_path, f"registry: {{approval: true, approval_timeout_s: {timeout}}}\n")
-    cell = Cell(adapter="", hcp_id="h", mean=0.5, n=4)
-    dev = EvalReport(
-        run_id="tiny",
-        round=0,
-        split="dev",
-        cells={"base_original": cell},
-        decision="promote",
-        reason="gain +0.5, 95% CI [+0.25, +0.75]; required: gain > 0.000 and CI above 0",
-    )
+    dev = gate_report("tiny")
     with Store(tmp_path / "s.duckdb") as store:
         bench = Workbench(NoCalls(), LifeEnv(tiers=(1,)), store, run_id="tiny", progress=None)
         r = loop.Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=None)
