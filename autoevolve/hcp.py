@@ -96,6 +96,13 @@ class Scaffold(Strict):
     max_steps: int = Field(default=4, gt=0, le=64, description="Model calls per episode before it is cut off.")
     tool_result_role: Literal["tool", "user"] = Field(default="tool", description="Role that carries tool results.")
     plan_first: bool = Field(default=False, description="Ask for one 'Plan:' line before each tool call.")
+    retry_bad_calls: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description="Calls per episode the harness cannot run (unreadable, unknown tool, bad arguments) that are "
+        "answered with the error, so the model can write the call again; 0: such a call ends the episode.",
+    )
 
 
 ToolFormat = Literal["native", "json", "python", "compact"]
@@ -136,6 +143,8 @@ class HCPConfig(Strict):
     def id(self) -> str:
         """Content hash of every component (the name excluded)."""
         body = self.model_dump(mode="json", exclude={"name"})
+        if not self.scaffold.retry_bad_calls:  # configs from before the knob keep their ids
+            del body["scaffold"]["retry_bad_calls"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -147,6 +156,14 @@ class HCPConfig(Strict):
         """The same config decoding at ``temperature`` (for rejection samples), named '<name>-sampled'."""
         knobs = self.sampling.model_copy(update={"temperature": temperature})
         return self.model_copy(update={"name": f"{self.name}-sampled", "sampling": knobs})
+
+    def retrying(self, bad_calls: int) -> HCPConfig:
+        """The same config answering up to ``bad_calls`` bad calls per episode with their errors, with as many more
+        model calls allowed."""
+        scaffold = self.scaffold.model_copy(
+            update={"retry_bad_calls": bad_calls, "max_steps": min(64, self.scaffold.max_steps + bad_calls)}
+        )
+        return self.model_copy(update={"scaffold": Scaffold.model_validate(scaffold.model_dump())})
 
     def tools_for(self, task: Task) -> list[dict[str, Any]]:
         """The tools offered on a task: the config's, then the task's own (e.g. one function-calling question's)."""

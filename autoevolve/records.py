@@ -63,14 +63,36 @@ class Message(BaseModel):
     adapter: str | None = Field(
         default=None, description="For role 'assistant' in a routed conversation: the adapter that wrote it."
     )
+    call_error: str | None = Field(
+        default=None,
+        description="For role 'assistant': why the harness could not run this reply's call; the user message after "
+        "it tells the model so (``scaffold.retry_bad_calls``).",
+    )
 
     @model_serializer(mode="wrap")
-    def _without_unset_adapter(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Leave ``adapter`` out unless set: stored rows and HCP ids (demos hold messages) stay as they were."""
+    def _without_unset_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave ``adapter`` and ``call_error`` out unless set: stored rows and HCP ids (demos hold messages) stay as
+        they were."""
         data = handler(self)
-        if data.get("adapter") is None:
-            data.pop("adapter", None)
+        for key in ("adapter", "call_error"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
+
+
+def without_failed_calls(messages: list[Message]) -> list[Message]:
+    """The conversation without the calls the harness could not run and its answers to them: what was learned
+    from a rollout that recovered from a bad call is the recovery, not the bad call."""
+    out: list[Message] = []
+    skip = False
+    for message in messages:
+        if skip:
+            skip = False
+        elif message.call_error is not None:
+            skip = True  # the harness's answer follows it
+        else:
+            out.append(message)
+    return out
 
 
 class Task(Record):

@@ -2,11 +2,13 @@
 
 All episodes advance in lock step so every model call of a step is one batched request. A failure of any kind
 (backend error, unparseable call, unknown tool, bad arguments, step limit) ends that episode with reward 0 and
-the reason; it never aborts the batch.
+the reason; it never aborts the batch. Under ``scaffold.retry_bad_calls`` a bad call is instead answered with its
+error (a user message) up to that many times per episode, and the model writes the call again.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -17,6 +19,7 @@ from autoevolve.records import Message, Task, ToolCall, Trajectory
 from autoevolve.toolcall import CallError, check_arguments, parse
 
 ENDPOINT_ERROR = "backend error: "  # how a rollout that failed at the policy endpoint begins its error
+BAD_CALL_REPLY = "That call could not be run: {error}. Write the tool call again, corrected."
 
 
 @dataclass
@@ -100,7 +103,10 @@ def _advance(run: _Run, completion: Completion, hcp: HCPConfig) -> None:
     run.prompt_tokens = run.prompt_tokens or completion.prompt_tokens
     run.completion_tokens += completion.completion_tokens
     run.latency_s += completion.latency_s
-    run.done, run.error = apply(completion, hcp, run.task, run.episode, run.messages, call_id=f"call_{run.steps}")
+    retry = sum(m.call_error is not None for m in run.messages) < hcp.scaffold.retry_bad_calls
+    run.done, run.error = apply(
+        completion, hcp, run.task, run.episode, run.messages, call_id=f"call_{run.steps}", retry=retry
+    )
 
 
 def apply(
@@ -111,12 +117,15 @@ def apply(
     messages: list[Message],
     call_id: str = "call_1",
     adapter: str | None = None,
+    retry: bool = False,
 ) -> tuple[bool, str]:
     """Apply one model reply: run its tool calls, or take it as the final answer, or say why it failed.
 
     Appends the reply (and one tool result per call, in order) to ``messages``, the assistant message tagged with
     ``adapter`` when given; returns (done, error): done once the episode needs no further model call, error '' unless
     it failed. A reply may hold several native calls (parallel calls); a text reply is read for its first call.
+    With ``retry`` a call that cannot be run is kept as the text the model wrote, marked with its ``call_error``, and
+    answered by a user message with the error (no tool message: no call ran); the episode goes on.
     """
     if completion.error:
         return True, f"{ENDPOINT_ERROR}{completion.error}"
@@ -140,8 +149,13 @@ def apply(
             messages.append(Message(role="tool", content=episode.call(call.name, call.arguments), tool_call_id=call.id))
         return episode.finished, ""  # e.g. a function-calling question ends with its expected calls
     except CallError as exc:
-        messages.append(Message(role="assistant", content=completion.text, adapter=adapter))
-        return True, str(exc)
+        if not retry:
+            messages.append(Message(role="assistant", content=completion.text, adapter=adapter))
+            return True, str(exc)
+        written = _as_written(completion)
+        messages.append(Message(role="assistant", content=written, adapter=adapter, call_error=str(exc)))
+        messages.append(Message(role="user", content=BAD_CALL_REPLY.format(error=exc)))
+        return False, ""
     except KeyError as exc:  # the environment does not know the tool
         return True, f"unknown tool: {exc}"
 
@@ -158,6 +172,14 @@ def _calls_of(completion: Completion, hcp: HCPConfig, task: Task) -> list[tuple[
         return calls
     call = parse(completion.text, _names(hcp.tools_for(task)))
     return [call] if call else []
+
+
+def _as_written(completion: Completion) -> str:
+    """A reply's text, or its native calls written out as JSON when it has no text (an assistant turn needs one)."""
+    if completion.text.strip() or not completion.tool_calls:
+        return completion.text
+    calls = completion.tool_calls
+    return "\n".join(json.dumps({"name": c.name, "arguments": c.function.get("arguments", "")}) for c in calls)
 
 
 def _names(tools: list[dict]) -> list[str]:

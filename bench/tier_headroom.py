@@ -6,7 +6,8 @@ demos. Per cell the mean reward and the tasks solved at least once. This is the 
 that tier: if no cell solves a task, no search or sampling of these configs finds a win there.
 
 The check: the best cell solves at least the loop's bar for the tier (tier 2: 0.40 of the tasks), else FAIL with
-the measured ceiling.
+the measured ceiling. ``--retry-bad-calls N`` runs every cell with ``scaffold.retry_bad_calls`` N (a bad call is
+answered with its error, N times per rollout at most): does telling the model why its call failed find more wins?
 
 Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/tier_headroom.py --adapter v1=trajectories/runs/loop/adapters/L1-life-v1
 """
@@ -34,6 +35,8 @@ def main() -> None:
     parser.add_argument("--demos", type=int, default=3)
     parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--retry-bad-calls", type=int, default=0, help="scaffold.retry_bad_calls of every cell")
+    parser.add_argument("--skip-base", action="store_true", help="roll out the given adapters only")
     parser.add_argument("--store", type=Path, default=ROOT / "trajectories" / "headroom.duckdb")
     parser.add_argument("--run-id", default="headroom", help="the store's run id (stored rollouts are reused)")
     parser.add_argument("--json", type=Path, default=ROOT / "trajectories" / "headroom.json")
@@ -51,10 +54,10 @@ def main() -> None:
     env = make_env(config.env.name, **config.env.options())
     tier = [t for t in env.tasks("train") if t.tier == args.tier]
     probe, refs = tier[: args.tasks], tier[args.tasks : args.tasks + args.demos]
-    original = config.original_hcp()
+    original = config.original_hcp().retrying(args.retry_bad_calls)
     demos = Demos(items=[Demo(task_id=t.id, messages=env.reference(t)) for t in refs])
     configs = {"original": original, f"+{len(refs)} demos": original.model_copy(update={"demos": demos})}
-    adapters = {"base": ""}
+    adapters = {} if args.skip_base else {"base": ""}
     for spec in args.adapter:
         name, _, path = spec.partition("=")
         policy.add_adapter(name, path)
@@ -95,7 +98,8 @@ def main() -> None:
         f"tier {args.tier}: best cell {best['adapter']} {best['config']} k={best['samples']} solves "
         f"{best['solved']}/{len(probe)} = {share:.2f}  >= {bar:.2f}: {verdict}"
     )
-    write_json(args.json, {"tier": args.tier, "rows": rows, "best": best, "bar": bar, "verdict": verdict})
+    body = {"tier": args.tier, "retry_bad_calls": args.retry_bad_calls, "rows": rows, "best": best, "bar": bar}
+    write_json(args.json, body | {"verdict": verdict})
 
 
 if __name__ == "__main__":

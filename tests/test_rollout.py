@@ -75,3 +75,44 @@ def test_garbage_model_yields_stored_zero_reward_trajectories(tiny_policy, tmp_p
         again = bench.rollouts(hcp, tasks)  # read back, not regenerated
         assert [t.messages for t in again] == [t.messages for t in trajs]
         assert store.count_trajectories("garbage") == 6
+
+
+def test_a_bad_call_is_answered_with_its_error_when_the_scaffold_retries(tmp_path) -> None:
+    env, task, hcp = _setup()
+    g = task.goal
+    bad = f'{{"name": "book_table", "arguments": {{"restaurant_id": "{g["restaurant_id"]}", "seats": 2}}}}'
+    good = (
+        f'{{"name": "book_table", "arguments": {{"restaurant_id": "{g["restaurant_id"]}", '
+        f'"party_size": {g["party_size"]}, "time": "{g["time"]}"}}}}'
+    )
+    [ended] = rollout(Scripted([bad, good, "Booked!"]), env, hcp, [task], run_id="r")
+    assert ended.reward == 0.0 and "missing required argument" in ended.error
+
+    retrying = hcp.retrying(1)
+    assert retrying.scaffold.retry_bad_calls == 1 and retrying.scaffold.max_steps == hcp.scaffold.max_steps + 1
+    [traj] = rollout(Scripted([bad, good, "Booked!"]), env, retrying, [task], run_id="r")
+    assert traj.reward == 1.0 and traj.error == ""
+    assert [m.role for m in traj.messages] == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+    failed, answer = traj.messages[1], traj.messages[2]
+    assert failed.content == bad and failed.tool_calls == [] and "missing required argument" in failed.call_error
+    assert answer.content.startswith("That call could not be run: book_table: missing required argument(s)")
+    # On the wire the bad call is plain assistant text and its answer a user message: no tool message answers a
+    # call id that was never run.
+    wire, _ = retrying.render(task, traj.messages)
+    assert [m["role"] for m in wire] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert "tool_calls" not in wire[2] and wire[5]["tool_call_id"] == wire[4]["tool_calls"][0]["id"]
+    # The record keeps the mark through the store; a message without it is stored as before.
+    with Store(tmp_path / "s.duckdb") as store:
+        store.put_trajectories([traj])
+        [back] = store.trajectories("r")
+    assert back.messages == traj.messages and "call_error" not in traj.messages[3].model_dump()
+
+    # One retry only: the second bad call ends the episode.
+    [twice] = rollout(Scripted([bad, bad, good]), env, retrying, [task], run_id="r")
+    assert twice.reward == 0.0 and "missing required argument" in twice.error and len(twice.messages) == 4
+
+
+def test_retrying_leaves_the_config_id_alone_when_off() -> None:
+    hcp = HCPConfig.from_yaml("prompts/life.yaml")
+    assert hcp.retrying(2).id != hcp.id and hcp.retrying(0).id == hcp.id
+    assert hcp.id == "fe54907e90c2"  # as before the knob existed: stored rows and runs still name it

@@ -13,13 +13,14 @@ from typing import Any
 
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import chat_text
-from autoevolve.records import Task, Trajectory
+from autoevolve.records import Task, Trajectory, without_failed_calls
 
 log = logging.getLogger(__name__)
 
 
 def render_examples(trajs: list[Trajectory], tasks: dict[str, Task], original: HCPConfig) -> list[list[dict]]:
-    """Chat messages of each trajectory as the ORIGINAL config shows them (its system prompt and call syntax)."""
+    """Chat messages of each trajectory as the ORIGINAL config shows them (its system prompt and call syntax),
+    without the calls the harness could not run and its answers to them."""
     examples = []
     for traj in trajs:
         if traj.task_id not in tasks:
@@ -27,7 +28,7 @@ def render_examples(trajs: list[Trajectory], tasks: dict[str, Task], original: H
         if not any(m.role == "assistant" for m in traj.messages):
             raise ValueError(f"trajectory {traj.key} has no assistant turn to learn from")
         # render() with the whole history returns the whole conversation, final assistant turn included.
-        messages, _ = original.render(tasks[traj.task_id], traj.messages)
+        messages, _ = original.render(tasks[traj.task_id], without_failed_calls(traj.messages))
         examples.append(messages)
     return examples
 

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from autoevolve.config import EvolveSettings
 from autoevolve.hcp import COMPONENTS, CallSyntax, Demo, Demos, HCPConfig, ToolFormat
-from autoevolve.records import Message, Task, Trajectory
+from autoevolve.records import Message, Task, Trajectory, without_failed_calls
 
 TokenCounter = Callable[[list[dict[str, Any]], "list[dict] | None"], int]
 
@@ -134,14 +134,16 @@ class DemoBootstrap:
 
 
 def _successes(trajs: list[Trajectory]) -> list[Demo]:
-    """One demo per task from full-reward, error-free rollouts (the shortest conversation wins)."""
+    """One demo per task from full-reward, error-free rollouts (the shortest conversation wins), without the calls
+    the harness could not run."""
     best: dict[str, Trajectory] = {}
     for t in trajs:
         if t.reward < 1.0 or t.error:
             continue
         if t.task_id not in best or len(t.messages) < len(best[t.task_id].messages):
             best[t.task_id] = t
-    return [Demo(task_id=t.task_id, messages=t.messages) for t in sorted(best.values(), key=lambda t: t.task_id)]
+    ordered = sorted(best.values(), key=lambda t: t.task_id)
+    return [Demo(task_id=t.task_id, messages=without_failed_calls(t.messages)) for t in ordered]
 
 
 PRESENTATIONS: list[tuple[ToolFormat, CallSyntax]] = [

@@ -102,6 +102,12 @@ def test_render_examples_uses_the_original_config() -> None:
     assert messages[-1]["content"] == "Booked."
     with pytest.raises(KeyError):
         render_examples([traj], {}, original)
+    # A bad call the harness answered with its error (scaffold.retry_bad_calls) is not learned: the example is the
+    # conversation without it, the same as a rollout that never made it.
+    bad = Message(role="assistant", content='book_table(restaurant="R-7")', call_error="book_table: missing party_size")
+    told = Message(role="user", content="That call could not be run: book_table: missing party_size.")
+    recovered = traj.model_copy(update={"messages": [history[0], bad, told, *history[1:]]})
+    assert render_examples([recovered], {"t1": task}, original) == [messages]
 
 
 def test_mask_covers_exactly_the_assistant_turns(tokenizer) -> None:  # noqa: ANN001

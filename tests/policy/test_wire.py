@@ -253,6 +253,25 @@ def test_parallel_native_calls_each_get_their_own_result_in_order() -> None:
     assert spec_errors({"model": "m", "messages": wire}) == []
 
 
+def test_a_bad_native_call_answered_with_its_error_stays_on_spec() -> None:
+    hcp = HCPConfig.from_yaml(ROOT / "prompts" / "life.yaml").model_copy(update={"tool_format": "native"})
+    task = ENV.tasks("dev")[0]
+    bad = [ToolCall.make("srv_a", "search_restaurants", {"town": "Lisbon"})]
+    messages = [Message(role="user", content=task.request)]
+    done, error = apply(Completion(tool_calls=bad), hcp, task, ENV.start(task), messages, retry=True)
+    assert (done, error) == (False, "")
+    said, told = messages[1:]
+    # No call ran, so the reply goes back as the text of the call, not as a tool_calls entry a tool message must answer.
+    assert said.tool_calls == [] and json.loads(said.content) == {
+        "name": "search_restaurants",
+        "arguments": '{"town": "Lisbon"}',
+    }
+    assert "missing required argument(s) city" in said.call_error and told.role == "user" and "city" in told.content
+    wire, _ = hcp.render(task, messages)
+    assert [m["role"] for m in wire] == ["system", "user", "assistant", "user"] and "tool_calls" not in wire[2]
+    assert spec_errors({"model": "m", "messages": wire}) == []
+
+
 def test_chat_templates_get_arguments_as_dicts(tokenizer) -> None:
     template = (
         "{% for m in messages %}{% for c in m.tool_calls or [] %}"
