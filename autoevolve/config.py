@@ -242,6 +242,12 @@ class DistillSettings(GRPOSettings):
     init: Literal["live", "base"] = Field(
         default="live", description="live: continue training the live adapter A_r; base: a fresh LoRA on the base."
     )
+    rehearse: bool = Field(
+        default=False,
+        description="SFT also trains on the live adapter's own full-reward rollouts under the original config on the "
+        "round's pool tasks that no trained selection holds (what it already does), so the new wins do not overwrite "
+        "it; needs a curriculum (the pool).",
+    )
 
     @model_validator(mode="after")
     def _whole_groups(self) -> DistillSettings:

@@ -30,7 +30,7 @@ from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.narration import say
 from autoevolve.policy import Policy
-from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan
+from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan, Trajectory
 from autoevolve.report import write_report
 from autoevolve.select import select
 from autoevolve.store import Store, StoreBusy
@@ -352,7 +352,10 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
     d = r.config.distill
     init = r.base_adapter.path if r.base_adapter and d.init == "live" else None
     replay = lineage_selections(r) if d.replay else []
-    job = DistillJob(r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay)
+    rehearsal = rehearsed(r) if d.rehearse else []
+    job = DistillJob(
+        r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay, rehearsal=rehearsal
+    )
     trained = TRAINERS[r.config.distill.trainer](job, r.config.distill)
     (Path(trained.path) / "train_result.json").write_text(trained.model_dump_json(indent=2))
     record = registry.register(
@@ -369,6 +372,17 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
     )
     r.bench.policy.add_adapter(record.ref, record.path)
     return record, trained
+
+
+def rehearsed(r: Round) -> list[Trajectory]:
+    """A_r's full-reward rollouts under the original config on the round's pool tasks (the plan's), one per task."""
+    solved = sorted(task for task, reward in task_plan(r).pool.items() if reward >= 1.0)
+    found = r.bench.store.trajectories(
+        r.bench.run_id, hcp_id=r.original.id, adapter=r.base_ref, task_ids=solved, min_reward=1.0
+    )
+    own = [t for t in found if t.sample == 0]  # the plan's rollout: one per task (the store's key)
+    say(f"  distill: the live adapter solves {len(own)} pool tasks; those no selection holds are rehearsed")
+    return own
 
 
 def lineage_selections(r: Round) -> list[Selection]:

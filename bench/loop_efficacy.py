@@ -8,7 +8,8 @@ seconds. A round that trained nothing shows no score. Per tier: the served exper
 
 The checks are strict (each prints its numbers, then PASS or FAIL): every round promoted, and its served expert
 above the previous one with the paired interval above zero (a flat round fails); after the last round tier 1
->= 0.85 and tier 2 >= 0.40 with the original short prompt; no tier drops by more than 0.05 from a round to the next;
+>= 0.85 and tier 2 >= 0.40 with the original short prompt, each with its measured ceiling (the best test score on
+the tier of any adapter the run trained, promoted or not); no tier drops by more than 0.05 from a round to the next;
 the run takes at most 60 minutes (not checked with --table).
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/loop_efficacy.py
@@ -141,9 +142,8 @@ def checks(
     for tier, bar in TIER_BARS.items():
         final = scores.get(tier, [None])[-1]
         shown = "-" if final is None else f"{final:.3f}"
-        out.append(
-            f"tier {tier} after the last round: {shown}  >= {bar:.2f}: {verdict[final is not None and final >= bar]}"
-        )
+        passed = final is not None and final >= bar
+        out.append(f"tier {tier} after the last round: {shown}  >= {bar:.2f}: {verdict[passed]}{ceiling(rows, tier)}")
     drops = [
         (a - b, tier)
         for tier, series in scores.items()
@@ -159,6 +159,16 @@ def checks(
     if minutes is not None:
         out.append(f"wall time of the run: {minutes:.1f} min  <= {MAX_MINUTES:.0f}: {verdict[minutes <= MAX_MINUTES]}")
     return out
+
+
+def ceiling(rows: list[dict[str, Any]], tier: str) -> str:
+    """The best test score on a tier of any adapter the run trained (original config), promoted or not: what the
+    loop reached there at all."""
+    scored = [(r["tiers"][tier]["adapter_original"], r) for r in rows if r["eval"] and tier in (r.get("tiers") or {})]
+    if not scored:
+        return ""
+    best, row = max(scored, key=lambda s: s[0])
+    return f" (measured ceiling: {best:.3f}, {row['adapter']} on test, {row['decision']})"
 
 
 def _rounded(scores: dict[str, float] | None) -> dict[str, float] | None:
@@ -208,6 +218,7 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "loop.yaml")
     parser.add_argument("--table", type=Path, help="print the tables of a finished run folder; run nothing")
     parser.add_argument("--json", type=Path, help="where to write the tables (default: RUN_DIR/loop_efficacy.json)")
+    parser.add_argument("--note", default="", help="how the run differs from the shipped config, kept in the JSON")
     args = parser.parse_args()
     run_dir, minutes = (args.table, None) if args.table else run(args.config)
     config = load_config(args.config)
@@ -221,6 +232,8 @@ def main() -> None:
     gains = [None if p is None else dict(zip(("gain", "ci"), paired_gain(p[1], p[0]), strict=True)) for p in served]
     body = {"config": str(args.config), "rounds": rows, "served_gain": gains, "tiers": scores, "checks": verdicts}
     body["minutes"] = None if minutes is None else round(minutes, 1)
+    if args.note:
+        body["note"] = args.note
     write_json(args.json or run_dir / "loop_efficacy.json", body)
 
 

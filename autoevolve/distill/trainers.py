@@ -6,7 +6,7 @@
 
 Every trainer continues from the live adapter A_r when there is one (unless ``distill.init`` is ``base``), trains on
 the round's selection and the replayed ones that trained A_r's lineage (a task in several: its newest win), and
-returns a ``TrainResult``.
+returns a ``TrainResult``. SFT with ``distill.rehearse`` also trains on A_r's own wins on tasks it already solves.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from autoevolve.distill.dpo import preference_examples, train_dpo
 from autoevolve.distill.grpo import train_grpo
 from autoevolve.distill.sft import TrainResult, train_sft
 from autoevolve.hcp import HCPConfig
-from autoevolve.records import Selection, Task
+from autoevolve.records import Selection, Task, Trajectory
 from autoevolve.select import preference_pairs, selected_trajectories
 from autoevolve.workbench import Workbench
 
@@ -37,6 +37,7 @@ class DistillJob:
     out_dir: Path
     init_adapter: str | None = None  # A_r's folder; None: a fresh LoRA
     replay: list[Selection] = field(default_factory=list)  # earlier rounds' selections, newest first
+    rehearsal: list[Trajectory] = field(default_factory=list)  # A_r's own wins on tasks it already solves
 
     def tasks(self) -> dict[str, Task]:
         """The environment's train tasks by id (every selection item is one of them)."""
@@ -61,6 +62,8 @@ class Trainer(Protocol):
 def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA SFT on the kept rollouts."""
     kept = [t for sel in job.selections() for t in selected_trajectories(job.bench, sel)]
+    held = {t.task_id for t in kept}
+    kept += [t for t in job.rehearsal if t.task_id not in held]
     examples = render_examples(kept, job.tasks(), job.original)
     tools = native_tools(job.original)
     return train_sft(examples, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, tools=tools)

@@ -122,3 +122,49 @@ def test_the_live_adapters_lineage_gives_its_selections_newest_first(tmp_path: P
         r = SimpleNamespace(base_adapter=made[2], bench=SimpleNamespace(store=store))
         assert [s.id for s in lineage_selections(r)] == ["s1", "s0"]
         assert lineage_selections(SimpleNamespace(base_adapter=None, bench=r.bench)) == []
+
+
+def test_rehearsal_adds_the_live_adapters_own_wins_on_tasks_it_already_solves(
+    tiny: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from types import SimpleNamespace
+
+    from autoevolve.loop import rehearsed
+    from autoevolve.records import TaskPlan
+
+    env = LifeEnv(tiers=(1,))
+    t0, t1, t2, t3 = env.tasks("train")[:4]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    live = "L1@v1"
+
+    def rollout(task, reward: float, adapter: str = live, sample: int = 0) -> Trajectory:  # noqa: ANN001
+        messages = env.reference(task) if reward else [Message(role="user", content=task.request)]
+        return Trajectory(
+            run_id="r", task_id=task.id, split="train", hcp_id=original.id, adapter=adapter, sample=sample,
+            messages=messages, reward=reward, stage="plan",
+        )  # fmt: skip
+
+    # The plan's pool: A_r solves t0, t1 and t2 under the original config and fails t3. Other rows are not A_r's.
+    rows = [rollout(t0, 1.0), rollout(t1, 1.0), rollout(t2, 1.0), rollout(t3, 0.0), rollout(t0, 1.0, sample=1)]
+    rows += [rollout(t3, 1.0, adapter="L1@v0")]
+    plan = TaskPlan(
+        run_id="r", round=1, adapter=live, tiers=[1], pool={t0.id: 1.0, t1.id: 1.0, t3.id: 0.0}, train=[t3.id]
+    )
+    with Store(tmp_path / "s.duckdb") as store:
+        store.put_trajectories(rows)
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        r = SimpleNamespace(results={"plan": plan}, bench=bench, original=original, base_ref=live)
+        rehearsal = rehearsed(r)
+        assert [(t.task_id, t.sample) for t in rehearsal] == [(t0.id, 0), (t1.id, 0)]  # t2 was not in the pool
+        store.put_trajectories([rollout(t1, 1.0, sample=7)])  # the round's own win on t1
+        won = {"hcp_id": original.id, "adapter": live, "sample": 7, "reward": 1.0}
+        lost = {"baseline_hcp_id": original.id, "baseline_sample": 0, "baseline_reward": 0.0}
+        selection = Selection(
+            id="s1", run_id="r", round=1, baseline_hcp_id=original.id, evolved_hcp_id=original.id, adapter=live,
+            items=[SelectedTrajectory(task_id=t1.id, **won, **lost)],
+        )  # fmt: skip
+        alone = TRAINERS["sft"](DistillJob(bench, selection, original, tiny, tmp_path / "a"), SETTINGS)
+        job = DistillJob(bench, selection, original, tiny, tmp_path / "b", rehearsal=rehearsal)
+        both = TRAINERS["sft"](job, SETTINGS)
+    assert (alone.examples, both.examples) == (1, 2)  # t0 rehearsed; t1 trains once, from its selected win
