@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-gepa bench-loop bench-baselines bench-headroom
+.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -46,9 +46,9 @@ bench-profile: install  # where a quickstart round's time goes, stage by stage, 
 bench-store: install  # snapshot publish and read cost by store size, under a minute
 	$(PY) bench/store_snapshot.py
 
-bench-gepa: install  # about 15 minutes on 2 cores
+bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 90 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
-	$(PY) bench/evolution_vs_gepa.py
+	$(PY) bench/optimisers.py
 
 bench-loop: install  # three rounds of configs/loop.yaml, about 55 minutes on 2 cores
 	$(PY) bench/loop_efficacy.py
