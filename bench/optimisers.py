@@ -42,7 +42,7 @@ from typing import Any
 import dspy
 import gepa
 import yaml
-from _shared import ROOT, write_json
+from _shared import ROOT, paired_gain, write_json
 from dspy.lm15 import Message as LMMessage
 from dspy.lm15 import Response, TextPart, Usage, response_to_events
 from gepa.core.adapter import EvaluationBatch
@@ -378,7 +378,7 @@ class HarnessPredict(dspy.Predict):
         _, _, signature, demos, inputs = self._forward_preprocess(**kwargs)
         h = HARNESS
         task = h.tasks[inputs["task_id"]]
-        pool = [Demo(task_id=d["task_id"], messages=json.loads(d["transcript"])) for d in demos if d.get("transcript")]
+        pool = demo_pool(demos)
         try:
             hcp = candidate_config(h.original, signature.instructions, pool)
         except ValueError as exc:
@@ -389,6 +389,11 @@ class HarnessPredict(dspy.Predict):
         messages = [m.model_dump(mode="json") for m in without_failed_calls(traj.messages)]
         completion = {"transcript": json.dumps(messages), "reward": traj.reward}
         return self._forward_postprocess([completion], signature, **inputs)
+
+
+def demo_pool(demos: list[Any]) -> list[Demo]:
+    """A DSPy predictor's demos (labelled or bootstrapped examples carrying a transcript) as our demos."""
+    return [Demo(task_id=d["task_id"], messages=json.loads(d["transcript"])) for d in demos if d.get("transcript")]
 
 
 class Agent(dspy.Module):
@@ -451,9 +456,7 @@ def run_dspy(
                 requires_permission_to_run=False,
             )  # fmt: skip
     predictor = best.act
-    pool = [
-        Demo(task_id=d["task_id"], messages=json.loads(d["transcript"])) for d in predictor.demos if d.get("transcript")
-    ]
+    pool = demo_pool(predictor.demos)
     return candidate_config(original, predictor.signature.instructions, pool)
 
 
@@ -486,6 +489,7 @@ def compare(args: argparse.Namespace) -> list[Row]:
     original = HCPConfig.from_yaml(ROOT / "prompts/life.yaml")
     dev, test = env.tasks("dev")[: args.dev], env.tasks("test")[: args.test]
     policy = LocalPolicy(batch_size=64)
+    before = original.model_dump()
     rows = finished_rows(args)
     for r in rows:
         print(table_line(r), "(from the last run)", flush=True)
@@ -503,7 +507,7 @@ def compare(args: argparse.Namespace) -> list[Row]:
                 best, spent = search(system, bench, original, env, split, args)
                 seconds = time.perf_counter() - started
                 rewards = [t.reward for t in tester.rollouts(best, test, stage="report")]
-                changed = [k for k, v in best.model_dump().items() if v != original.model_dump()[k]]
+                changed = [k for k, v in best.model_dump().items() if v != before[k]]
                 rows.append(
                     Row(seed, system, dev_score(store, run_id, best, dev), mean(rewards), bootstrap_ci(rewards), spent,
                         seconds, best.id, changed, rewards)
@@ -542,7 +546,9 @@ def over_seeds(rows: list[Row], systems: list[str]) -> list[dict[str, Any]]:
     for system in systems:
         mine = [r for r in rows if r.system == system]
         ours = {r.seed: r.test_rewards for r in rows if r.system == "ours"}
-        diffs = [a - b for r in mine if r.seed in ours for a, b in zip(ours[r.seed], r.test_rewards, strict=True)]
+        paired = [r for r in mine if r.seed in ours]
+        pairs = [(a, b) for r in paired for a, b in zip(ours[r.seed], r.test_rewards, strict=True)]
+        lead = paired_gain([a for a, _ in pairs], [b for _, b in pairs]) if pairs else (None, None)
         tests = [r.test for r in mine]
         out.append(
             {
@@ -552,8 +558,8 @@ def over_seeds(rows: list[Row], systems: list[str]) -> list[dict[str, Any]]:
                 "test_min": min(tests),
                 "test_max": max(tests),
                 "rollouts_mean": mean([float(r.rollouts) for r in mine]),
-                "ours_minus_this": mean(diffs) if diffs else None,
-                "ours_minus_this_ci": bootstrap_ci(diffs) if diffs else None,
+                "ours_minus_this": lead[0],
+                "ours_minus_this_ci": lead[1],
             }
         )
     return out
