@@ -46,7 +46,7 @@ bench-profile: install  # where a quickstart round's time goes, stage by stage, 
 bench-store: install  # snapshot publish and read cost by store size, under a minute
 	$(PY) bench/store_snapshot.py
 
-bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 90 minutes on 2 cores
+bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 60 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/optimisers.py
 

@@ -248,6 +248,12 @@ class DistillSettings(GRPOSettings):
         "round's pool tasks that no trained selection holds (what it already does), so the new wins do not overwrite "
         "it; needs a curriculum (the pool).",
     )
+    rehearse_from_round: int = Field(
+        default=0,
+        ge=0,
+        description="With rehearse: the first round that rehearses (0: every round). In the measured loop runs "
+        "rehearsing from the start cut round 1's gain; from round 2 on it held tier 1 (README, loop section).",
+    )
 
     @model_validator(mode="after")
     def _whole_groups(self) -> DistillSettings:

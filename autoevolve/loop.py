@@ -352,7 +352,7 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
     d = r.config.distill
     init = r.base_adapter.path if r.base_adapter and d.init == "live" else None
     replay = lineage_selections(r) if d.replay else []
-    rehearsal = rehearsed(r) if d.rehearse else []
+    rehearsal = rehearsed(r)
     job = DistillJob(
         r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay, rehearsal=rehearsal
     )
@@ -375,7 +375,11 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
 
 
 def rehearsed(r: Round) -> list[Trajectory]:
-    """A_r's full-reward rollouts under the original config on the round's pool tasks (the plan's), one per task."""
+    """A_r's full-reward rollouts under the original config on the round's pool tasks (the plan's), one per task;
+    none unless ``distill.rehearse`` is on and this round is ``distill.rehearse_from_round`` or later."""
+    d = r.config.distill
+    if not d.rehearse or r.bench.round < d.rehearse_from_round:
+        return []
     solved = sorted(task for task, reward in task_plan(r).pool.items() if reward >= 1.0)
     found = r.bench.store.trajectories(
         r.bench.run_id, hcp_id=r.original.id, adapter=r.base_ref, task_ids=solved, min_reward=1.0

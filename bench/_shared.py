@@ -15,7 +15,12 @@ def commit() -> str:
     """The checkout's commit id, with '+dirty' when files differ from it ('unknown' outside git)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(  # a bench's own results (bench/results/) do not make the code it ran dirty
+            ["git", "status", "--porcelain", "-uno", "--", ".", ":!bench/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

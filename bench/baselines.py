@@ -9,8 +9,8 @@ same labels and training budget, on the same test tasks under the original confi
   select stages made), the full-reward ones kept, LoRA SFT for the loop's step count.
 - no_refs: the loop with ``evolve.references: false``: demos only from the model's own successes (rewards, no labels).
 
-Each arm has its own store and run folder under trajectories/baselines/seedS/ARM; a re-run reuses what is stored
-(every rollout, every trained adapter). Per arm: the labels it saw, the rollouts that made its training data,
+Each arm has its own store and run folder under trajectories/baselines/RUN_ID/seedS/ARM; a re-run reuses what is
+stored (every rollout, every trained adapter). Per arm: the labels it saw, the rollouts that made its training data,
 optimiser steps, examples, the test score with its 95% interval, and the paired difference to the loop with its
 interval; PASS when the loop is ahead of sft_refs and of rft with the paired interval above zero. ``--seeds 0 1 2``
 runs every arm per seed (the seed draws the train tasks; the test tasks stay the same), then the loop's lead over
@@ -55,7 +55,7 @@ class Arm:
 
 def arm_config(config: Any, arm: str) -> Any:
     """The run config of an arm: its own store and run folder; no_refs without labelled references."""
-    home = ROOT / "trajectories" / "baselines" / f"seed{config.seed}" / arm
+    home = ROOT / "trajectories" / "baselines" / str(config.run_id) / f"seed{config.seed}" / arm
     update: dict[str, Any] = {"store": home / "store.duckdb", "run_dir": home / "runs"}
     if arm == "no_refs":
         update["evolve"] = config.evolve.model_copy(update={"references": False})
@@ -69,12 +69,14 @@ def test_tasks(config: Any) -> list[Any]:
 
 
 def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
-    """Train task ids whose labelled solution one of the run's configs showed as a demo."""
+    """Train task ids whose labelled solution one of the run's configs showed as a demo: stage 1's candidates and
+    the configs stage 2 sampled under (a new tier's references as demos)."""
     from autoevolve.hcp import HCPConfig
 
     tasks = {t.id: t for t in env.tasks("train")}
     shown: set[str] = set()
-    for hcp_id in {c.hcp_id for c in store.candidates(run_id) if c.status != "crash"}:
+    used = {t.hcp_id for s in DATA_STAGES for t in store.trajectories(run_id, stage=s)}
+    for hcp_id in {c.hcp_id for c in store.candidates(run_id) if c.status != "crash"} | used:
         try:
             hcp = HCPConfig.model_validate(store.get_hcp(hcp_id))
         except KeyError:  # a child discarded before any rollout was never stored

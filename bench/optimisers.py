@@ -31,32 +31,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import dspy
-import gepa
-import yaml
+from _dspy_life import run_dspy
+from _gepa_life import run_gepa
+from _search_harness import DEMO_POOL, Metered
 from _shared import ROOT, paired_gain, write_json
-from dspy.lm15 import Message as LMMessage
-from dspy.lm15 import Response, TextPart, Usage, response_to_events
-from gepa.core.adapter import EvaluationBatch
-from pydantic import ValidationError
 
 from autoevolve.config import BudgetSettings, EvolveSettings, ReflectionSettings
 from autoevolve.envs.life import LifeEnv
 from autoevolve.evaluate import bootstrap_ci
 from autoevolve.evolve import evolve, make_mutators, train_tasks
-from autoevolve.evolve.reflect import PLACEHOLDERS, format_examples
-from autoevolve.hcp import Demo, Demos, HCPConfig
-from autoevolve.policy import ChatRequest
+from autoevolve.hcp import HCPConfig
 from autoevolve.policy.local import LocalPolicy
-from autoevolve.records import Message, Task, Trajectory, without_failed_calls
+from autoevolve.records import Task
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench, mean
 
@@ -69,7 +61,6 @@ INPUTS = {
     "dspy-bootstrap": "references (labelled demos), rewards as its metric; picks the demo pool",
     "dspy-mipro": "references (labelled demos), rewards as its metric; proposes the instruction, picks demos",
 }
-DEMO_POOL = 16
 
 
 @dataclass
@@ -86,64 +77,6 @@ class Row:
     best_id: str
     changed: list[str]  # components of the best config that differ from the original
     test_rewards: list[float]
-
-
-class Metered:
-    """A Workbench with a hard rollout budget, counted as our search counts it: each (config, task) the search asks
-    for costs one rollout the first time (whether or not the store already held it); past the budget, new ones score
-    0 without running."""
-
-    def __init__(self, bench: Workbench, budget: int) -> None:
-        self.bench, self.budget, self.seen = bench, budget, set()
-
-    @property
-    def spent(self) -> int:
-        """Rollouts charged so far."""
-        return len(self.seen)
-
-    def rollouts(self, hcp: HCPConfig, tasks: list[Task], stage: str) -> list[Trajectory]:
-        """Rewards of ``tasks`` under ``hcp``: ones charged before free, new ones while the budget lasts."""
-        new = [t.id for t in tasks if (hcp.id, t.id) not in self.seen]
-        self.seen |= {(hcp.id, i) for i in new[: max(self.budget - self.spent, 0)]}
-        run = [t for t in tasks if (hcp.id, t.id) in self.seen]
-        made = {t.task_id: t for t in self.bench.rollouts(hcp, run, stage=stage)} if run else {}
-        return [made.get(t.id) or broken(self.bench.run_id, hcp.id, t, "over budget") for t in tasks]
-
-
-def broken(run_id: str, hcp_id: str, task: Task, error: str) -> Trajectory:
-    """A rollout that did not run: reward 0 and the reason."""
-    request = Message(role="user", content=task.request)
-    return Trajectory(
-        run_id=run_id, task_id=task.id, split=task.split, hcp_id=hcp_id, messages=[request], reward=0.0, error=error
-    )
-
-
-def candidate_config(original: HCPConfig, prompt: str, demos: list[Demo]) -> HCPConfig:
-    """The original config with a system prompt and a demo pool; ValueError when the prompt breaks the rules."""
-    lost = [p for p in PLACEHOLDERS if p in original.system_prompt and p not in prompt]
-    if lost:
-        raise ValueError(f"the system prompt drops the placeholder {lost[0]}")
-    unique = list({d.task_id: d for d in demos}.values())
-    pool = Demos(items=unique, select="nearest", k=2, style="first_call") if unique else Demos()
-    try:
-        return HCPConfig.model_validate(original.model_dump() | {"system_prompt": prompt, "demos": pool.model_dump()})
-    except ValidationError as exc:
-        raise ValueError(exc.errors()[0]["msg"]) from None
-
-
-def reference_demos(env: LifeEnv, tasks: list[Task]) -> list[Demo]:
-    """The labelled solutions of ``tasks`` as demos."""
-    return [Demo(task_id=t.id, messages=m) for t in tasks if (m := env.reference(t))]
-
-
-def chat(policy: LocalPolicy, messages: list[dict[str, Any]], temperature: float, max_tokens: int, seed: int) -> str:
-    """The policy's reply to one chat request ('' when it failed)."""
-    request = ChatRequest(messages=messages, temperature=temperature, max_new_tokens=max_tokens, seed=seed)
-    [reply] = policy.generate([request])
-    return "" if reply.error else reply.text
-
-
-# --- ours ---------------------------------------------------------------------------------------------------------
 
 
 def run_ours(
@@ -168,299 +101,6 @@ def run_ours(
     ops = make_mutators(settings, reflector=bench.policy)
     found = evolve(bench, original, settings, train=split["train"], dev=split["dev"], mutators=ops)
     return found.best, found.budget["rollouts"]
-
-
-# --- GEPA ---------------------------------------------------------------------------------------------------------
-
-RULE = (
-    "\n\nThe instruction is a template: keep each of these placeholders exactly as written, the harness fills them "
-    "in: {placeholders}. Keep it short."
-)
-DEMOS_TEMPLATE = """The assistant is shown solved examples of these train tasks (a YAML list of task ids):
-```
-<curr_param>
-```
-
-Here are tasks it attempted with that list, its responses, feedback and a correct solution of each:
-```
-<side_info>
-```
-
-Write a new YAML list of train task ids whose solved examples should be shown, chosen from: {ids}.
-Provide the list within ``` blocks."""
-
-
-SOLVED = {"reward": 1.0, "feedback": "", "error": ""}  # how a reference solution reads in a feedback record
-
-
-class GepaLife:
-    """GEPA adapter: candidates {system_prompt, demos} on the original config, rolled out through the meter."""
-
-    propose_new_texts = None  # GEPA reads this attribute: None selects its own reflective proposer
-
-    def __init__(self, meter: Metered, original: HCPConfig, env: LifeEnv, train: list[Task]) -> None:
-        self.meter, self.original, self.env = meter, original, env
-        self.tasks = {t.id: t for t in train}
-        self.solutions = {d.task_id: d for d in reference_demos(env, train)}
-
-    def config(self, candidate: Mapping[str, str]) -> HCPConfig:
-        """The candidate as an HCP config; ValueError when it breaks a rule or its demo list does not parse."""
-        try:
-            ids = yaml.safe_load(candidate["demos"]) or []
-        except yaml.YAMLError:
-            raise ValueError("the demo list is not YAML") from None
-        if not isinstance(ids, list):
-            raise ValueError("the demo list is not a list")
-        demos = [self.solutions[str(i)] for i in ids if str(i) in self.solutions]
-        return candidate_config(self.original, candidate["system_prompt"], demos)
-
-    def evaluate(
-        self, batch: list[Task], candidate: dict[str, str], capture_traces: bool = False
-    ) -> EvaluationBatch[Trajectory, Trajectory]:
-        """Rewards of the tasks under the candidate; a candidate that breaks the rules scores 0 without rollouts."""
-        try:
-            hcp = self.config(candidate)
-            trajs = self.meter.rollouts(hcp, batch, stage="gepa")
-        except ValueError as exc:
-            trajs = [broken(self.meter.bench.run_id, "refused", t, str(exc)) for t in batch]
-        return EvaluationBatch(
-            outputs=trajs, scores=[t.reward for t in trajs], trajectories=trajs if capture_traces else None
-        )
-
-    def make_reflective_dataset(
-        self, candidate: dict[str, str], eval_batch: EvaluationBatch, components_to_update: list[str]
-    ) -> dict[str, list[dict[str, Any]]]:
-        """Per component: the request, what the assistant did, feedback with the reward, and the reference."""
-        records = []
-        for t in eval_batch.trajectories or []:
-            solution = self.env.reference(self.tasks[t.task_id])
-            records.append(
-                {
-                    "Inputs": t.messages[0].content,
-                    "Generated Outputs": format_examples([t]),
-                    "Feedback": f"Score {t.reward:.2f}. {t.feedback or 'The task was fully solved.'}"
-                    + (f" Error: {t.error}" if t.error else ""),
-                    "Correct solution": format_examples([t.model_copy(update=dict(messages=solution or [], **SOLVED))]),
-                }
-            )
-        return {name: records for name in components_to_update}
-
-
-class Patience:
-    """A GEPA stopper with our search's patience: stop after ``n`` iterations in a row (proposals, broken ones
-    included) that did not raise the best dev score."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.best, self.iteration, self.since = n, -1.0, None, 0
-
-    def __call__(self, state: Any) -> bool:
-        """True once ``n`` iterations passed without a better best dev score."""
-        best = max(state.get_program_average_val_subset(i)[0] for i in range(len(state.program_candidates)))
-        if best > self.best:
-            self.best, self.since = best, 0
-        elif state.i != self.iteration:
-            self.since += 1
-        self.iteration = state.i
-        return self.since >= self.n
-
-
-def gepa_templates(original: HCPConfig, train: list[Task]) -> dict[str, str]:
-    """GEPA's own reflection template with our placeholder rule, and one for the demo list."""
-    from gepa.strategies.instruction_proposal import InstructionProposalSignature
-
-    kept = ", ".join(p for p in PLACEHOLDERS if p in original.system_prompt)
-    return {
-        "system_prompt": InstructionProposalSignature.default_prompt_template + RULE.replace("{placeholders}", kept),
-        "demos": DEMOS_TEMPLATE.replace("{ids}", ", ".join(t.id for t in train)),
-    }
-
-
-def run_gepa(meter: Metered, original: HCPConfig, env: LifeEnv, split: dict[str, list[Task]], args) -> HCPConfig:
-    """GEPA's optimize from the original prompt and 16 references as demos, stopped by the rollout meter."""
-    adapter = GepaLife(meter, original, env, split["train"])
-    pool = random.Random(args.seed_now).sample(sorted(adapter.solutions), min(DEMO_POOL, len(adapter.solutions)))
-    policy = meter.bench.policy
-    calls = [0]
-
-    def reflect(prompt: str | list[dict[str, Any]]) -> str:
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        calls[0] += 1
-        return chat(policy, messages, 0.7, args.reflect_tokens, seed=calls[0])
-
-    found = gepa.optimize(
-        seed_candidate={"system_prompt": original.system_prompt, "demos": yaml.safe_dump(sorted(pool))},
-        trainset=split["train"],
-        valset=split["dev"],
-        adapter=adapter,
-        reflection_lm=reflect,
-        reflection_minibatch_size=args.minibatch,
-        reflection_prompt_template=gepa_templates(original, split["train"]),
-        use_merge=True,
-        cache_evaluation=True,
-        max_metric_calls=10 * args.budget,  # the meter's refusals count as calls too
-        stop_callbacks=[lambda state: meter.spent >= meter.budget, Patience(args.patience)],
-        seed=args.seed_now,
-    )
-    return adapter.config(found.best_candidate)
-
-
-# --- DSPy ---------------------------------------------------------------------------------------------------------
-
-
-class PolicyEngine:
-    """A DSPy engine over the in-process policy: one chat request per call."""
-
-    def __init__(self, policy: LocalPolicy, max_tokens: int) -> None:
-        self.policy, self.max_tokens, self.calls = policy, max_tokens, 0
-
-    def complete(self, request: Any) -> Response:
-        """The policy's reply to a DSPy request."""
-        messages = []
-        if request.system is not None:
-            system = request.system if isinstance(request.system, str) else "".join(p.text for p in request.system)
-            messages.append({"role": "system", "content": system})
-        messages += [
-            {"role": "user" if m.role == "developer" else m.role, "content": m.text or ""} for m in request.messages
-        ]
-        config = request.config
-        self.calls += 1
-        text = chat(
-            self.policy,
-            messages,
-            config.temperature or 0.0,
-            min(config.max_tokens or self.max_tokens, self.max_tokens),
-            self.calls,
-        )
-        usage = Usage(input_tokens=0, output_tokens=0)
-        return Response(
-            id=None, model="local", message=LMMessage.assistant([TextPart(text)]), finish_reason="stop", usage=usage
-        )
-
-    def stream(self, request: Any):
-        return response_to_events(self.complete(request))
-
-    def close(self) -> None:
-        pass
-
-
-class PlainReplyAdapter(dspy.ChatAdapter):
-    """DSPy's ChatAdapter, except that a reply to a one-output signature without the field markers is taken whole,
-    as our reflective mutator takes a reply (a 135M model never writes the markers, and DSPy would stop)."""
-
-    def parse(self, signature: Any, completion: str) -> dict[str, Any]:
-        """The fields of a reply; the whole reply as the only output field when the markers are missing."""
-        try:
-            return super().parse(signature, completion)
-        except dspy.utils.exceptions.AdapterParseError:
-            if len(signature.output_fields) != 1:
-                raise
-            return {next(iter(signature.output_fields)): completion.strip()}
-
-
-@dataclass
-class Harness:
-    """What a DSPy agent step needs; module-level, so DSPy's deep copies of programs never copy the policy."""
-
-    meter: Metered
-    original: HCPConfig
-    tasks: dict[str, Task]
-    dev_ids: set[str]
-
-
-HARNESS: Harness | None = None
-
-
-class HarnessPredict(dspy.Predict):
-    """A DSPy predictor whose step is one whole episode in our harness: its instructions are the system prompt,
-    its demos the demo pool; the output is the transcript and the reward."""
-
-    def forward(self, **kwargs: Any) -> dspy.Prediction:
-        _, _, signature, demos, inputs = self._forward_preprocess(**kwargs)
-        h = HARNESS
-        task = h.tasks[inputs["task_id"]]
-        pool = demo_pool(demos)
-        try:
-            hcp = candidate_config(h.original, signature.instructions, pool)
-        except ValueError as exc:
-            traj = broken(h.meter.bench.run_id, "refused", task, str(exc))
-        else:
-            batch = [h.tasks[i] for i in sorted(h.dev_ids)] if task.id in h.dev_ids else [task]
-            traj = {t.task_id: t for t in h.meter.rollouts(hcp, batch, stage="dspy")}[task.id]
-        messages = [m.model_dump(mode="json") for m in without_failed_calls(traj.messages)]
-        completion = {"transcript": json.dumps(messages), "reward": traj.reward}
-        return self._forward_postprocess([completion], signature, **inputs)
-
-
-def demo_pool(demos: list[Any]) -> list[Demo]:
-    """A DSPy predictor's demos (labelled or bootstrapped examples carrying a transcript) as our demos."""
-    return [Demo(task_id=d["task_id"], messages=json.loads(d["transcript"])) for d in demos if d.get("transcript")]
-
-
-class Agent(dspy.Module):
-    """The DSPy program: one harness step."""
-
-    def __init__(self, instructions: str) -> None:
-        super().__init__()
-        signature = dspy.Signature("task_id, request -> transcript, reward", instructions)
-        self.act = HarnessPredict(signature)
-
-    def forward(self, task_id: str, request: str) -> dspy.Prediction:
-        return self.act(task_id=task_id, request=request)
-
-
-def reward_metric(example: dspy.Example, pred: dspy.Prediction, trace: Any = None) -> float | bool:
-    """The episode's reward; when bootstrapping demos (a trace), only a full-reward episode counts."""
-    reward = float(pred.reward)
-    return reward >= 1.0 if trace is not None else reward
-
-
-def dspy_examples(env: LifeEnv, tasks: list[Task], labelled: bool) -> list[dspy.Example]:
-    """Tasks as DSPy examples; with ``labelled``, each carries its reference transcript (a labelled demo)."""
-    out = []
-    for t in tasks:
-        solution = env.reference(t) if labelled else None
-        transcript = json.dumps([m.model_dump(mode="json") for m in solution]) if solution else ""
-        out.append(
-            dspy.Example(task_id=t.id, request=t.request, transcript=transcript).with_inputs("task_id", "request")
-        )
-    return out
-
-
-def run_dspy(
-    meter: Metered, original: HCPConfig, env: LifeEnv, split: dict[str, list[Task]], args, optimiser: str
-) -> HCPConfig:
-    """One DSPy optimiser over the agent program; the best program's instructions and demos as an HCP config."""
-    global HARNESS
-    tasks = {t.id: t for t in split["train"] + split["dev"]}
-    HARNESS = Harness(meter, original, tasks, {t.id for t in split["dev"]})
-    lm = dspy.LM("local/smollm2-135m", engine=PolicyEngine(meter.bench.policy, args.reflect_tokens), cache=False)
-    train = dspy_examples(env, split["train"], labelled=True)
-    dev = dspy_examples(env, split["dev"], labelled=False)
-    with dspy.context(lm=lm, adapter=PlainReplyAdapter(use_json_adapter_fallback=False)):
-        if optimiser == "dspy-bootstrap":
-            # 3 fixed programs (zero-shot, labelled only, unshuffled bootstrap) + n random ones, a dev pass each
-            n = max(args.budget // len(dev) - 4, 1)
-            teleprompter = dspy.BootstrapFewShotWithRandomSearch(
-                metric=reward_metric, max_bootstrapped_demos=4, max_labeled_demos=DEMO_POOL,
-                num_candidate_programs=n, num_threads=1,
-            )  # fmt: skip
-            best = teleprompter.compile(Agent(original.system_prompt), trainset=train, valset=dev)
-        else:
-            teleprompter = dspy.MIPROv2(
-                metric=reward_metric, auto=None, num_candidates=4, max_bootstrapped_demos=4,
-                max_labeled_demos=DEMO_POOL, num_threads=1, seed=args.seed_now, verbose=False,
-            )  # fmt: skip
-            trials = max(args.budget // len(dev) - 2, 1)
-            best = teleprompter.compile(
-                Agent(original.system_prompt), trainset=train, valset=dev, num_trials=trials, minibatch=False,
-                requires_permission_to_run=False,
-            )  # fmt: skip
-    predictor = best.act
-    pool = demo_pool(predictor.demos)
-    return candidate_config(original, predictor.signature.instructions, pool)
-
-
-# --- the comparison -----------------------------------------------------------------------------------------------
 
 
 def search(system: str, bench: Workbench, original: HCPConfig, env: LifeEnv, split, args) -> tuple[HCPConfig, int]:

@@ -153,9 +153,14 @@ def test_rehearsal_adds_the_live_adapters_own_wins_on_tasks_it_already_solves(
     )
     with Store(tmp_path / "s.duckdb") as store:
         store.put_trajectories(rows)
-        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        r = SimpleNamespace(results={"plan": plan}, bench=bench, original=original, base_ref=live)
+        bench = Workbench(NoCalls(), env, store, run_id="r", round=1, progress=None)
+        config = SimpleNamespace(distill=DistillSettings(rehearse=True))
+        r = SimpleNamespace(results={"plan": plan}, bench=bench, original=original, base_ref=live, config=config)
         rehearsal = rehearsed(r)
+        config.distill = DistillSettings(rehearse=True, rehearse_from_round=2)
+        assert rehearsed(r) == []  # round 1 is before the first rehearsing round
+        config.distill = DistillSettings(rehearse=False)
+        assert rehearsed(r) == []
         assert [(t.task_id, t.sample) for t in rehearsal] == [(t0.id, 0), (t1.id, 0)]  # t2 was not in the pool
         store.put_trajectories([rollout(t1, 1.0, sample=7)])  # the round's own win on t1
         won = {"hcp_id": original.id, "adapter": live, "sample": 7, "reward": 1.0}
