@@ -50,7 +50,7 @@ bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 60
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'
 	$(PY) bench/optimisers.py
 
-bench-loop: install  # three rounds of configs/loop.yaml, about 55 minutes on 2 cores
+bench-loop: install  # three rounds of configs/loop.yaml, about 30 minutes on 2 cores
 	$(PY) bench/loop_efficacy.py
 
 bench-baselines: install  # the quickstart round beside SFT on its references, RFT, the loop without labels; 3 seeds
