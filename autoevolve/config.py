@@ -215,7 +215,8 @@ class SelectSettings(Section):
     new_tier_demos: int = Field(
         default=0,
         ge=0,
-        description="A tier in play on which no kept config scores on dev is sampled under the original config with "
+        description="A tier in play on which no kept config beats the original on dev (or none scores) is sampled "
+        "under the original config with "
         "this many of its own train tasks' labelled solutions as full demos (the nearest, never the task's own); "
         "0 or evolve.references false: off.",
     )

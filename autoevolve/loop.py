@@ -306,7 +306,9 @@ def stage_select(r: Round) -> Selection:
 def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:
     """Per tier in play, the kept config with the best dev score on that tier's tasks (the best overall among
     equals), sampled at the select temperature: a new tier's samples come from the config that opened it. A tier
-    no kept config scores on is sampled with its own references as demos (``select.new_tier_demos``)."""
+    where no kept config beats the original (nothing scores there, or the search found nothing better) is sampled
+    with its own references as demos (``select.new_tier_demos``): the original's own samples repeat the live
+    adapter's failures."""
     s = r.config.select
     tier_of = {t.id: t.tier for t in tasks_in_play(r, "dev", r.config.evolve.dev_tasks)}
     kept = [c for c in evolved.candidates if c.status == "keep"]
@@ -315,7 +317,8 @@ def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:
         score = {c.hcp_id: mean([v for task, v in c.scores.items() if tier_of.get(task) == tier]) for c in kept}
         top = max(kept, key=lambda c: (score[c.hcp_id], c.hcp_id == evolved.best.id))
         hcp = evolved.configs[top.hcp_id]
-        if score[top.hcp_id] == 0.0 and s.new_tier_demos and r.config.evolve.references:
+        stuck = score[top.hcp_id] == 0.0 or score[top.hcp_id] <= score.get(r.original.id, 0.0)
+        if stuck and s.new_tier_demos and r.config.evolve.references:
             hcp = tier_demos(r, tier, s.new_tier_demos) or hcp
         out[tier] = hcp.sampled(s.temperature)
     return out

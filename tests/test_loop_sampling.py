@@ -1,5 +1,5 @@
 """Stage 2's best-of-k configs per tier: the config that scores best on a tier's dev tasks, or that tier's own
-references as demos when no kept config scores there."""
+references as demos when no kept config beats the original there."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _round(tmp_path: Path, model_dir: Path, new_tier_demos: int) -> loop.Round:
     return r
 
 
-def _evolved(r: loop.Round, tier2_of_tool_child: float) -> EvolveResult:
+def _evolved(r: loop.Round, tier2_of_tool_child: float, tier1_of_demos_child: float = 1.0) -> EvolveResult:
     """The original (tier 1: 0.5), a demos child best on tier 1 (1.0) and a tool child that scores only on tier 2."""
     dev = curriculum.split_tasks(r.bench, "dev", [1, 2], 8)
     demos = r.original.model_copy(update={"name": "demos", "system_prompt": r.original.system_prompt + " Be brief."})
@@ -40,7 +40,7 @@ def _evolved(r: loop.Round, tier2_of_tool_child: float) -> EvolveResult:
     def scores(tier1: float, tier2: float) -> dict[str, float]:
         return {t.id: tier1 if t.tier == 1 else tier2 for t in dev}
 
-    rows = [(r.original, scores(0.5, 0.0)), (demos, scores(1.0, 0.0)), (tool, scores(0.0, tier2_of_tool_child))]
+    rows = [(r.original, scores(0.5, 0.0)), (demos, scores(tier1_of_demos_child, 0.0)), (tool, scores(0.0, tier2_of_tool_child))]
     candidates = [
         Candidate(run_id="t", hcp_id=h.id, status="keep", scores=s, mean_reward=sum(s.values()) / len(s))
         for h, s in rows
@@ -83,3 +83,14 @@ def test_without_new_tier_demos_a_tier_nothing_scores_on_takes_the_best_config(t
     finally:
         r.bench.store.close()
     assert chosen[2].name == "demos-sampled" and not chosen[2].demos.items
+
+
+def test_a_tier_where_the_original_stays_best_is_sampled_with_its_own_references(tmp_path, tiny_model_dir):
+    r = _round(tmp_path, tiny_model_dir, new_tier_demos=3)
+    try:
+        chosen = loop.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.5, tier1_of_demos_child=0.5))
+    finally:
+        r.bench.store.close()
+    assert chosen[2].name == "tool-sampled"  # tier 2: the tool child beats the original there
+    assert chosen[1].system_prompt == r.original.system_prompt and len(chosen[1].demos.items) == 6
+    assert {d.task_id for d in chosen[1].demos.items} <= {t.id for t in r.bench.env.tasks("train")[:12] if t.tier == 1}
