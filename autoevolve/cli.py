@@ -2,6 +2,7 @@
 
 autoevolve run configs/quickstart.yaml    self-evolution rounds (Prefect flows, no server needed)
 autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, do nothing else
+autoevolve eval configs/quickstart.yaml   score an adapter and HCP config on an environment's tasks (eval.json)
 autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
 autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
 autoevolve selections quickstart          the stage-2 selections of a run (--items: every kept rollout)
@@ -35,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     check = sub.add_parser("check", help="validate a run config and its HCP file")
     check.add_argument("config", help="run config YAML")
+    ev = sub.add_parser("eval", help="score an adapter/config pair on an environment's tasks", description=_EVAL_HELP)
+    ev.add_argument("config", help="run config YAML: its store, model, expert, environment and original HCP")
+    ev.add_argument("--adapter", help="NAME@V, an adapter folder, or 'base' (default: the expert's live version)")
+    ev.add_argument("--hcp", default="seed", help="'seed' (default), 'best', a stored HCP id (prefix) or a YAML file")
+    ev.add_argument("--split", default="test", choices=["train", "dev", "test"], help="task split (default test)")
+    ev.add_argument("--tasks", type=int, help="the split's first N tasks (default: gate.test_tasks)")
+    ev.add_argument("--env", help="another environment: a name, 'module:factory', or '{name: life, tiers: [2]}'")
+    ev.add_argument("--run-id", help="run id the rollouts are stored under (default: RUN-eval)")
+    ev.add_argument("--out", help="where eval.json goes (default: RUN_DIR/RUN/eval.json)")
     cands = sub.add_parser("candidates", help="list a run's stage-1 candidates with lineage and scores")
     cands.add_argument("run", help="run id (a run config's run_id, or its file stem)")
     cands.add_argument("--round", type=int, default=None, help="only this round")
@@ -79,10 +89,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autoevolve: env error: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks})")
+        line, _, notes = tasks.partition("\n")
+        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {line})")
+        if notes:  # what the environment skipped, and why
+            print(notes)
         return 0
     if args.command == "deploy":
         return _deploy(config, args.config, args.dry_run)
+    if args.command == "eval":
+        return _eval(config, args)
     if args.auto_approve:
         config.registry.approval = False
     return _run(config)
@@ -92,6 +107,14 @@ _RUN_HELP = (
     "Run the config's rounds (1 unless it sets rounds: N), each: prompt evolution on train tasks, selection of "
     "the rollouts the best config unlocked, LoRA distillation under the original config, the dev gate, and the "
     "2x2 report on test tasks. Writes report.json (the last round) and rounds.json under run_dir/run_id."
+)
+
+
+_EVAL_HELP = (
+    "Roll out an adapter under an HCP config on an environment's tasks, store the rollouts (run RUN-eval), print "
+    "the mean reward with its 95% bootstrap interval and per tier, and write eval.json. With the defaults (the "
+    "live adapter, the original config, the first gate.test_tasks test tasks) it scores what the round reported "
+    "as adapter_original."
 )
 
 
@@ -206,12 +229,13 @@ def _registry(args: argparse.Namespace) -> int:
 
 
 def _load_tasks(config: RunConfig) -> str:
-    """Build the run's environment and its splits (ValueError naming the file and line of bad data)."""
-    from autoevolve.envs import make_env
-
-    env = make_env(config.env.name, **config.env.options())
+    """The run's environment and its splits' sizes, with what it skipped and why (an environment's optional
+    ``notes()``), one line each (ValueError naming the file and line of bad data)."""
+    env = config.env.make()
     sizes = {split: len(env.tasks(split)) for split in ("train", "dev", "test")}
-    return f"env {config.env.name}: " + ", ".join(f"{n} {split}" for split, n in sizes.items()) + " tasks"
+    line = f"env {env.name}: " + ", ".join(f"{n} {split}" for split, n in sizes.items()) + " tasks"
+    notes = env.notes() if callable(getattr(env, "notes", None)) else []
+    return line + "".join(f"\n  {note}" for note in notes)
 
 
 def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported lazily
@@ -240,6 +264,39 @@ def _run(config: RunConfig) -> int:
     except EndpointDown as exc:  # the endpoint's fault, not the input's: exit 1, the message says what to fix
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _eval(config: RunConfig, args: argparse.Namespace) -> int:
+    """Score one adapter/config pair (imported here: the model loads only for this command)."""
+    from autoevolve.envs.loading import EnvLoadError
+    from autoevolve.loop import make_policy
+    from autoevolve.scorecard import env_settings, evaluate_pair, format_eval, pick_adapter, pick_hcp, write_eval
+    from autoevolve.store import Store, StoreError
+    from autoevolve.workbench import EndpointDown, Workbench
+
+    run_id = args.run_id or f"{config.run_id}-eval"
+    try:
+        with Store(config.store) as store:
+            settings = env_settings(config, args.env)
+            env = settings.make()
+            hcp = pick_hcp(store, config, env.tools(), args.hcp)
+            adapter, folder = pick_adapter(store, config, args.adapter)
+            policy = make_policy(config)
+            if folder is not None:
+                policy.add_adapter(adapter, folder)
+            store.put_run(run_id, {"eval_of": config.run_id, "env": settings.model_dump(mode="json")})
+            bench = Workbench(policy, env, store, run_id, seed=config.seed, endpoint_stop=config.model.endpoint_stop)
+            result = evaluate_pair(bench, hcp, adapter, args.split, args.tasks or config.gate.test_tasks)
+    except (ConfigError, EnvLoadError, StoreError) as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
+    except EndpointDown as exc:  # the endpoint's fault, not the input's
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else Path(config.run_dir) / str(config.run_id) / "eval.json"
+    print(format_eval(result))
+    print(f"wrote {write_eval(result, out)}")
     return 0
 
 

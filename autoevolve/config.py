@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autoevolve.distill.grpo import GRPOSettings
+from autoevolve.envs import Environment, build_env
+from autoevolve.envs.loading import EnvLoadError, factory_of, path_arguments
 from autoevolve.hcp import COMPONENTS, HCPConfig
 from autoevolve.hooks import HookSettings
 from autoevolve.records import check_name
@@ -31,9 +34,21 @@ class Section(BaseModel):
 
 
 class EnvSettings(Section):
-    """The environment and its task splits."""
+    """The environment and its task splits (the protocol an environment follows: docs/environments.md)."""
 
-    name: Literal["life", "fncall", "router"] = "life"
+    name: str = Field(
+        default="life",
+        description="A registered environment: the built-ins life, fncall, router and trl, or one an installed "
+        "package declares in the 'autoevolve.environments' entry-point group.",
+    )
+    loader: str | None = Field(
+        default=None,
+        description="Your own environment instead of a name: 'package.module:factory' or 'path/to/file.py:factory' "
+        "(a class or function that returns the environment); ``name`` is then not used.",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the environment's factory, checked by its signature."
+    )
     seed: int = Field(default=0, description="World and task generation seed.")
     tiers: list[int] = Field(
         default=[1, 2, 3], description="Task tiers to use (life: 1 one call, 2 search+act, 3 choose; fncall: 1, 2)."
@@ -41,16 +56,22 @@ class EnvSettings(Section):
     n_train: int = Field(default=256, gt=0)
     n_dev: int = Field(default=64, gt=0)
     n_test: int = Field(default=96, gt=0)
-    path: Path | None = Field(default=None, description="fncall: BFCL-format question file (JSON lines).")
-    answers: Path | None = Field(
-        default=None, description="fncall: answers file; default possible_answer/<same name> beside ``path``."
-    )
+    _built: Any = PrivateAttr(default=None)
 
-    def options(self) -> dict[str, Any]:
-        """Keyword arguments of the environment's constructor."""
-        common = {"seed": self.seed, "tiers": tuple(self.tiers), "n_train": self.n_train}
-        common |= {"n_dev": self.n_dev, "n_test": self.n_test}
-        return common | ({"path": self.path, "answers": self.answers} if self.name == "fncall" else {})
+    @property
+    def label(self) -> str:
+        """The environment as the config names it: its registered name, or its loader."""
+        return self.loader or self.name
+
+    def make(self) -> Environment:
+        """The environment (built once): seed, tiers and split sizes go to its factory where its signature takes
+        them (one changed from its default that it does not take is an error), ``args`` always do."""
+        if self._built is None:
+            names = ("seed", "tiers", "n_train", "n_dev", "n_test")
+            common = {n: tuple(self.tiers) if n == "tiers" else getattr(self, n) for n in names}
+            changed = {n for n in names if getattr(self, n) != type(self).model_fields[n].default}
+            self._built = build_env(self.name, self.loader, self.args, common, changed)
+        return self._built
 
 
 class OpenAISettings(Section):
@@ -279,7 +300,7 @@ class GuardSettings(Section):
     @property
     def label(self) -> str:
         """The guard's environment in words, e.g. 'life tiers 2'."""
-        return f"{self.env.name} tiers {','.join(map(str, self.env.tiers))}"
+        return f"{self.env.label} tiers {','.join(map(str, self.env.tiers))}"
 
 
 class GateSettings(Section):
@@ -413,8 +434,8 @@ class RunConfig(Section):
         return check_name(name)
 
     def original_hcp(self) -> HCPConfig:
-        """The original HCP config named by ``hcp``."""
-        return HCPConfig.from_yaml(self.hcp)
+        """The original HCP config named by ``hcp``, its tools the environment's (or checked against them)."""
+        return HCPConfig.from_yaml(self.hcp).with_env_tools(self.env.make().tools())
 
 
 class ConfigError(ValueError):
@@ -458,10 +479,7 @@ def load_config(path: str | Path) -> RunConfig:
     except ValidationError as exc:
         raise ConfigError(f"{path}: {_first_error(exc)}") from None
     config.hcp = _existing(config.hcp, path, "hcp")
-    if config.env.name == "fncall":
-        if config.env.path is None:
-            raise ConfigError(f"{path}: env.path: the fncall environment needs a BFCL question file (see README)")
-        config.env.path = _existing(config.env.path, path, "env.path")
+    _locate_env_files(config.env, path, "env")
     if "reflective" in config.evolve.mutators:
         reflection = config.evolve.reflection
         reflection.meta_prompts = _existing(reflection.meta_prompts, path, "evolve.reflection.meta_prompts")
@@ -472,12 +490,51 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"{path}: curriculum.tiers: tier {missing[0]} is not in env.tiers; add it there")
     config.run_id = config.run_id or path.stem
     try:
+        config.env.make()
+    except EnvLoadError as exc:
+        raise ConfigError(f"{path}: {_env_error(exc, 'env')}") from None
+    try:
         config.original_hcp()
     except ValidationError as exc:
         raise ConfigError(f"{config.hcp}: {_first_error(exc)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{config.hcp}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except ValueError as exc:  # a tool or parameter the environment lacks
+        raise ConfigError(f"{config.hcp}: {exc}") from None
     return config
+
+
+def _locate_env_files(env: EnvSettings, config_path: Path, field: str) -> None:
+    """Find the files an environment's settings name like the hcp file: a loader's .py file, the factory's
+    Path-annotated arguments, and 'file.py:Class' loader strings among its arguments."""
+    if env.loader is not None:
+        env.loader = _located_loader(env.loader, config_path, f"{field}.loader")
+    try:
+        paths = path_arguments(factory_of(env.name, env.loader))
+    except EnvLoadError as exc:
+        raise ConfigError(f"{config_path}: {_env_error(exc, field)}") from None
+    for key, value in env.args.items():
+        if key in paths and isinstance(value, str | Path) and Path(value).suffix:  # no suffix: a dataset's name
+            env.args[key] = _existing(Path(value), config_path, f"{field}.args.{key}")
+        elif isinstance(value, str) and LOADER_FILE.fullmatch(value):
+            env.args[key] = _located_loader(value, config_path, f"{field}.args.{key}")
+
+
+def _env_error(exc: EnvLoadError, field: str) -> str:
+    """An environment error under the dotted field of the settings it came from ('env.args.x' in a guard's)."""
+    text = str(exc)
+    return field + text[3:] if text.startswith(("env.", "env:")) else f"{field}: {text}"
+
+
+LOADER_FILE = re.compile(r"(.+\.py):([\w.]+)")  # a loader string naming a local file
+
+
+def _located_loader(spec: str, config_path: Path, field: str) -> str:
+    """A 'file.py:attr' loader with its file found like the hcp file; a 'module:attr' one as it is."""
+    match = LOADER_FILE.fullmatch(spec)
+    if match is None:
+        return spec
+    return f"{_existing(Path(match[1]), config_path, field)}:{match[2]}"
 
 
 def _check_guard(config: RunConfig, path: Path) -> None:
@@ -485,15 +542,16 @@ def _check_guard(config: RunConfig, path: Path) -> None:
     guard = config.gate.guard
     assert guard is not None
     shared = sorted(set(guard.env.tiers) & set(config.env.tiers))
-    if guard.env.name == config.env.name and shared:
+    if guard.env.label == config.env.label and shared:
         raise ConfigError(
             f"{path}: gate.guard.env.tiers: tier {shared[0]} is also trained on; a guard set needs another tier "
             "or environment"
         )
-    if guard.env.name == "fncall":
-        if guard.env.path is None:
-            raise ConfigError(f"{path}: gate.guard.env.path: the fncall environment needs a BFCL question file")
-        guard.env.path = _existing(guard.env.path, path, "gate.guard.env.path")
+    _locate_env_files(guard.env, path, "gate.guard.env")
+    try:
+        guard.env.make()
+    except EnvLoadError as exc:
+        raise ConfigError(f"{path}: {_env_error(exc, 'gate.guard.env')}") from None
     if guard.hcp is not None:
         guard.hcp = _existing(guard.hcp, path, "gate.guard.hcp")
 

@@ -117,7 +117,10 @@ class HCPConfig(Strict):
 
     name: str = Field(default="config", description="A label; not part of the id.")
     system_prompt: str = Field(description="Template; {tools}, {call_format}, {memory} and {routing} are filled in.")
-    tools: list[dict[str, Any]] = Field(description="Tool specs in the OpenAI function schema.")
+    tools: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Tool specs in the OpenAI function schema; left out of a file: the environment's own.",
+    )
     tool_format: ToolFormat = Field(
         default="json",
         description="native: tools= to the chat template or server; json/python/compact: listed in the prompt.",
@@ -164,6 +167,33 @@ class HCPConfig(Strict):
             update={"retry_bad_calls": bad_calls, "max_steps": min(64, self.scaffold.max_steps + bad_calls)}
         )
         return self.model_copy(update={"scaffold": Scaffold.model_validate(scaffold.model_dump())})
+
+    def with_env_tools(self, env_tools: list[dict[str, Any]]) -> HCPConfig:
+        """This config offering the environment's tools: all of them when it lists none of its own; else its own,
+        each a tool the environment has, with parameters it takes (descriptions are the config's: evolvable text).
+        ValueError names the first tool or parameter the environment lacks."""
+        if "tools" not in self.model_fields_set:
+            return self.model_copy(update={"tools": env_tools})
+        known = {t["function"]["name"]: t["function"] for t in env_tools}
+        for i, tool in enumerate(self.tools):
+            fn = tool.get("function", {})
+            name = fn.get("name")
+            if name not in known:
+                has = ", ".join(known) or "none of its own (its tasks bring theirs)"
+                raise ValueError(f"tools[{i}]: the environment has no tool {name!r} (it has: {has}); remove or rename")
+            theirs = known[name].get("parameters", {})
+            ours = fn.get("parameters", {}).get("properties", {})
+            takes = theirs.get("properties", {})
+            for param in ours:
+                if param not in takes:
+                    raise ValueError(
+                        f"tools[{i}] ({name}): the environment's {name} takes no parameter {param!r} "
+                        f"(it takes: {', '.join(takes) or 'none'})"
+                    )
+            for param in theirs.get("required", []):
+                if param not in ours:
+                    raise ValueError(f"tools[{i}] ({name}): required parameter {param!r} is missing; add it")
+        return self
 
     def tools_for(self, task: Task) -> list[dict[str, Any]]:
         """The tools offered on a task: the config's, then the task's own (e.g. one function-calling question's)."""

@@ -23,7 +23,6 @@ from autoevolve import curriculum, registry
 from autoevolve.config import ConfigError, RunConfig, changed_settings
 from autoevolve.distill import TrainResult
 from autoevolve.distill.trainers import TRAINERS, DistillJob
-from autoevolve.envs import make_env
 from autoevolve.evaluate import gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators
 from autoevolve.hcp import Demo, Demos, HCPConfig
@@ -119,7 +118,7 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
     else:
         version = started[0]["adapter"]
         live = store.adapter(config.expert, version) if version is not None else None
-    env = make_env(config.env.name, **config.env.options())
+    env = config.env.make()
     policy = policy or make_policy(config)
     if live is not None:
         policy.add_adapter(live.ref, live.path)
@@ -414,9 +413,9 @@ def stage_gate(r: Round) -> EvalReport:
     g = r.config.gate.guard
     if g is not None:
         b = r.bench
-        env = make_env(g.env.name, **g.env.options())
+        env = g.env.make()
         bench = Workbench(b.policy, env, b.store, b.run_id, b.round, b.seed, endpoint_stop=b.endpoint_stop)
-        hcp = HCPConfig.from_yaml(g.hcp) if g.hcp else r.original
+        hcp = HCPConfig.from_yaml(g.hcp).with_env_tools(env.tools()) if g.hcp else r.original
         tasks = bench.env.tasks("dev")[: g.tasks]
         report = with_guard(bench, report, guard_check(bench, hcp, r.base_ref, record.ref, tasks, g.tolerance, g.label))
     return report

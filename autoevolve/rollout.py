@@ -16,7 +16,7 @@ from autoevolve.envs import Environment, Episode
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest, Completion, Policy
 from autoevolve.records import Message, Task, ToolCall, Trajectory
-from autoevolve.toolcall import CallError, check_arguments, parse
+from autoevolve.toolcall import PARALLEL_CALLS, CallError, check_arguments, parse, parse_all
 
 ENDPOINT_ERROR = "backend error: "  # how a rollout that failed at the policy endpoint begins its error
 BAD_CALL_REPLY = "That call could not be run: {error}. Write the tool call again, corrected."
@@ -123,7 +123,8 @@ def apply(
 
     Appends the reply (and one tool result per call, in order) to ``messages``, the assistant message tagged with
     ``adapter`` when given; returns (done, error): done once the episode needs no further model call, error '' unless
-    it failed. A reply may hold several native calls (parallel calls); a text reply is read for its first call.
+    it failed. A reply may hold several native calls (parallel calls); a text reply is read for its first call, or
+    for all its calls when the task allows parallel calls (``Task.metadata[PARALLEL_CALLS]``).
     With ``retry`` a call that cannot be run is kept as the text the model wrote, marked with its ``call_error``, and
     answered by a user message with the error (no tool message: no call ran); the episode goes on.
     """
@@ -161,7 +162,8 @@ def apply(
 
 
 def _calls_of(completion: Completion, hcp: HCPConfig, task: Task) -> list[tuple[str, dict]]:
-    """The tool calls in a completion: the native ones if the backend parsed any, else the first parsed from text."""
+    """The tool calls in a completion: the native ones if the backend parsed any, else the first parsed from text
+    (all of them on a task that allows parallel calls)."""
     if completion.tool_calls:
         calls = []
         for call in completion.tool_calls:
@@ -170,7 +172,10 @@ def _calls_of(completion: Completion, hcp: HCPConfig, task: Task) -> list[tuple[
             except ValueError as exc:
                 raise CallError(f"arguments of {call.name!r} are not valid JSON: {exc}") from None
         return calls
-    call = parse(completion.text, _names(hcp.tools_for(task)))
+    names = _names(hcp.tools_for(task))
+    if task.metadata.get(PARALLEL_CALLS):
+        return parse_all(completion.text, names)
+    call = parse(completion.text, names)
     return [call] if call else []
 
 

@@ -2,6 +2,9 @@
 
 Small models drift from any rigid format, so the parser takes the first JSON object in the text (with
 ``name``/``tool``/``function`` and ``arguments``/``parameters``) or a Python-style call of a known tool.
+``parse_all`` reads every call of a reply instead, for tasks that allow several calls in one reply (BFCL's
+parallel questions): a JSON list of call objects, call objects in a row, or Python calls such as
+``[f(a=1), g(b="x")]``. A task opts in with ``Task.metadata[PARALLEL_CALLS] = True``.
 """
 
 from __future__ import annotations
@@ -9,7 +12,11 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
+
+PARALLEL_CALLS = "parallel_calls"  # Task.metadata key: True when one text reply may hold several calls, all run
+TOOL_KEYS = ("name", "tool", "function")  # a JSON object with one of these keys is a call
 
 
 class CallError(ValueError):
@@ -23,7 +30,47 @@ def parse(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]] | None
         return _from_json(obj)
     if "{" in text and re.search(r'"(name|tool|function)"\s*:', text):
         raise CallError(f"unparseable tool call: {clip(text)}")
-    return _from_python(text, tool_names)
+    return next(_python_calls(text, tool_names), None)
+
+
+def parse_all(text: str, tool_names: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Every tool call in ``text``, in order: JSON calls (a list of them, or several in a row), else Python calls of
+    known tools (``[f(a=1), g(b="x")]`` or one per line); [] for a plain reply. Its first call is ``parse``'s."""
+    objects, rest = _json_calls(text)
+    if objects:
+        # A call the model began but that is not valid JSON must not vanish silently: the count would be wrong.
+        if re.search(r'\{\s*"(name|tool|function)"\s*:', rest):
+            raise CallError(f"unparseable tool call after {len(objects)} readable one(s): {clip(rest)}")
+        return [_from_json(obj) for obj in objects]
+    if "{" in text and re.search(r'"(name|tool|function)"\s*:', text):
+        raise CallError(f"unparseable tool call: {clip(text)}")
+    return list(_python_calls(text, tool_names))
+
+
+def _json_calls(text: str) -> tuple[list[dict[str, Any]], str]:
+    """The JSON call objects in the text (a list's items count one by one), and the text outside them."""
+    decoder = json.JSONDecoder()
+    calls: list[dict[str, Any]] = []
+    rest, end = [], 0
+    for match in re.finditer(r"[\[{]", text):
+        if match.start() < end:  # inside a value already read
+            continue
+        try:
+            value, stop = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        items = value if isinstance(value, list) else [value]
+        if items and all(_is_call(item) for item in items):
+            calls += items
+            rest.append(text[end : match.start()])
+            end = stop
+    rest.append(text[end:])
+    return calls, " ".join(rest)
+
+
+def _is_call(value: Any) -> bool:
+    """Whether a JSON value is a call object (names a tool)."""
+    return isinstance(value, dict) and any(k in value for k in TOOL_KEYS)
 
 
 def _first_json_object(text: str) -> dict[str, Any] | None:
@@ -34,7 +81,7 @@ def _first_json_object(text: str) -> dict[str, Any] | None:
             obj, _ = decoder.raw_decode(text, match.start())
         except json.JSONDecodeError:
             continue
-        if isinstance(obj, dict) and any(k in obj for k in ("name", "tool", "function")):
+        if _is_call(obj):
             return obj
     return None
 
@@ -55,10 +102,12 @@ def _from_json(obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, args
 
 
-def _from_python(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]] | None:
-    """A call like ``book_table(restaurant_id="R-1", party_size=2)`` of a known tool, or None."""
+def _python_calls(text: str, tool_names: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Calls like ``book_table(restaurant_id="R-1", party_size=2)`` of known tools, in order (lazily: ``parse``
+    stops at the first, so a broken later call does not fail it)."""
+    after = 0
     for match in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", text):
-        if match.group(1) not in tool_names:
+        if match.group(1) not in tool_names or match.start() < after:
             continue
         end = _closing_paren(text, match.end() - 1)
         if end is None:
@@ -69,8 +118,8 @@ def _from_python(text: str, tool_names: list[str]) -> tuple[str, dict[str, Any]]
             args = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
         except (SyntaxError, ValueError, AssertionError):
             raise CallError(f"unparseable tool call: {clip(text[match.start() : end + 1])}") from None
-        return match.group(1), args
-    return None
+        after = end + 1
+        yield match.group(1), args
 
 
 def _closing_paren(text: str, start: int) -> int | None:

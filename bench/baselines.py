@@ -63,9 +63,8 @@ def arm_config(config: Any, arm: str) -> Any:
 
 
 def test_tasks(config: Any) -> list[Any]:
-    from autoevolve.envs import make_env
 
-    return make_env(config.env.name, **config.env.options()).tasks("test")[: config.gate.test_tasks]
+    return config.env.make().tasks("test")[: config.gate.test_tasks]
 
 
 def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
@@ -91,14 +90,13 @@ def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
 def run_loop(config: Any, arm: str, policy: Any) -> tuple[Arm, dict[str, Any]]:
     """Run (or read back) the loop under an arm's config; its served expert's test rewards (read back from its
     report stage; scored here when no round reached one) and what it spent."""
-    from autoevolve.envs import make_env
     from autoevolve.records import TaskPlan
     from autoevolve.store import Store
     from flows.loop import loop_flow
 
     cfg = arm_config(config, arm)
     loop_flow(cfg)
-    run_id, env = str(cfg.run_id), make_env(cfg.env.name, **cfg.env.options())
+    run_id, env = str(cfg.run_id), cfg.env.make()
     with Store(cfg.store, read_only=True) as store:
         served = store.promoted_adapter(cfg.expert)
         trained = [a for a in store.adapters(cfg.expert) if a.run_id == run_id]
@@ -146,13 +144,12 @@ def train_matched(examples: list[list[dict]], config: Any, out: Path, steps: int
 def score(policy: Any, config: Any, adapter: str = "", path: str | None = None) -> list[float]:
     """Test rewards under the original config of an adapter (loaded from ``path``; '' is the base model), stored
     in the arm's store."""
-    from autoevolve.envs import make_env
     from autoevolve.store import Store
     from autoevolve.workbench import Workbench
 
     if path is not None:
         policy.add_adapter(adapter, path)
-    env = make_env(config.env.name, **config.env.options())
+    env = config.env.make()
     with Store(config.store) as store:
         bench = Workbench(policy, env, store, str(config.run_id), seed=config.seed)
         return [t.reward for t in bench.rollouts(config.original_hcp(), test_tasks(config), adapter, stage="report")]
@@ -160,10 +157,9 @@ def score(policy: Any, config: Any, adapter: str = "", path: str | None = None) 
 
 def sft_refs(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
     """LoRA SFT on the references the loop showed, under the original config, the loop's step count."""
-    from autoevolve.envs import make_env
 
     cfg = arm_config(config, "sft_refs")
-    env, original = make_env(cfg.env.name, **cfg.env.options()), cfg.original_hcp()
+    env, original = cfg.env.make(), cfg.original_hcp()
     tasks = {t.id: t for t in env.tasks("train")}
     examples = [original.render(tasks[i], env.reference(tasks[i]))[0] for i in facts["references"]]
     if not examples:
@@ -177,12 +173,11 @@ def sft_refs(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
 def rft(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
     """k samples per train task under the original config (base model), the full-reward ones kept, LoRA SFT."""
     from autoevolve.distill.dataset import render_examples
-    from autoevolve.envs import make_env
     from autoevolve.store import Store
     from autoevolve.workbench import Workbench
 
     cfg = arm_config(config, "rft")
-    env, original = make_env(cfg.env.name, **cfg.env.options()), cfg.original_hcp()
+    env, original = cfg.env.make(), cfg.original_hcp()
     by_id = {t.id: t for t in env.tasks("train")}
     tasks = [by_id[i] for i in facts["train_tasks"]]
     k = max(1, facts["rollouts"] // len(tasks))

@@ -40,10 +40,9 @@ Pair = tuple[list[float], list[float]]
 def served_rewards(config: Any, rows: list[dict[str, Any]]) -> list[Pair | None]:
     """Per round: per-test-task rewards under the original config of the expert served before the round (A_r) and
     after it (A_{r+1} if promoted, else A_r), read from the store; None where the round trained nothing."""
-    from autoevolve.envs import make_env
     from autoevolve.store import Store
 
-    ids = [t.id for t in make_env(config.env.name, **config.env.options()).tasks("test")[: config.gate.test_tasks]]
+    ids = [t.id for t in config.env.make().tasks("test")[: config.gate.test_tasks]]
     original = config.original_hcp().id
     out: list[Pair | None] = []
     with Store(config.store, read_only=True) as store:
@@ -99,9 +98,8 @@ def table(rows: list[dict[str, Any]], served: list[Pair | None]) -> list[str]:
 
 def tier_scores(config: Any, served: list[Pair | None]) -> dict[str, list[float | None]]:
     """Per test tier: the served expert's score before the first round, then after each round (None: no score)."""
-    from autoevolve.envs import make_env
 
-    tasks = make_env(config.env.name, **config.env.options()).tasks("test")[: config.gate.test_tasks]
+    tasks = config.env.make().tasks("test")[: config.gate.test_tasks]
     first = next((p for p in served if p is not None), None)
     series = [first[0] if first else None] + [p[1] if p else None for p in served]
     out: dict[str, list[float | None]] = {}

@@ -43,7 +43,6 @@ def main() -> None:
     args = parser.parse_args()
 
     from autoevolve.config import load_config
-    from autoevolve.envs import make_env
     from autoevolve.hcp import Demo, Demos
     from autoevolve.loop import make_policy
     from autoevolve.store import Store
@@ -51,7 +50,7 @@ def main() -> None:
 
     config = load_config(args.config)
     policy = make_policy(config)
-    env = make_env(config.env.name, **config.env.options())
+    env = config.env.make()
     tier = [t for t in env.tasks("train") if t.tier == args.tier]
     probe, refs = tier[: args.tasks], tier[args.tasks : args.tasks + args.demos]
     original = config.original_hcp().retrying(args.retry_bad_calls)

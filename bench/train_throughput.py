@@ -23,7 +23,6 @@ from _shared import write_json
 from autoevolve.config import load_config
 from autoevolve.distill import SFTSettings, render_examples, sft, train_sft
 from autoevolve.distill.compact import compact_sft_trainer
-from autoevolve.envs import make_env
 from autoevolve.evolve import train_tasks
 from autoevolve.records import Trajectory
 
@@ -50,7 +49,7 @@ def stock_trainer() -> type:
 def examples(n: int) -> tuple[list[list[dict]], Any]:
     """Reference conversations of n of the quickstart's selection tasks under its original config, and the config."""
     config = load_config(ROOT / "configs" / "quickstart.yaml")
-    env = make_env(config.env.name, **config.env.options())
+    env = config.env.make()
     tasks = train_tasks(env, config.select.train_tasks, config.seed)[:n]
     trajs = [
         Trajectory(run_id="bench", task_id=t.id, split="train", hcp_id="ref", messages=env.reference(t), reward=1.0)

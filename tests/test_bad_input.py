@@ -129,3 +129,37 @@ def test_changed_settings_skips_operational_and_new_fields() -> None:
     before = {"seed": 0, "rounds": 1, "model": {"name": "m", "batch_size": 8}, "store": "a"}
     after = {"seed": 0, "rounds": 5, "model": {"name": "n", "batch_size": 64, "new": 1}, "store": "b", "extra": 2}
     assert changed_settings(before, after) == ['model.name: "m" -> "n"']
+
+
+@pytest.mark.parametrize(
+    ("env", "hcp", "message"),
+    [
+        ("{loader: 'missing_env.py:Env'}", "", "env.loader: file missing_env.py not found"),
+        ("{loader: 'shop_env.py:ShopEnv'}", "", "env: ShopEnv() returned ShopEnv, which has no 'name'"),
+        (
+            "{name: trl, args: {environment: shop_env.py:ShopEnv, data: tasks.jsonl, colour: red}}",
+            "",
+            "env.args.colour: TRLEnvironment() takes no argument 'colour' (it takes: environment, data, name,",
+        ),
+        (
+            "{name: trl, args: {environment: shop_env.py:ShopEnv, data: tasks.jsonl}}",
+            "tools: [{type: function, function: {name: refund, parameters: {type: object, properties: {}}}}]\n",
+            "hcp.yaml: tools[0]: the environment has no tool 'refund' (it has: check_stock, order)",
+        ),
+        (
+            "{name: trl, args: {environment: shop_env.py:ShopEnv, data: bad.jsonl}}",
+            "",
+            "bad.jsonl:2: column 'prompt': ",
+        ),
+    ],
+)
+def test_check_refuses_an_environment_that_does_not_fit_in_one_line(
+    tmp_path: Path, env: str, hcp: str, message: str
+) -> None:
+    for name in ("shop_env.py", "tasks.jsonl"):
+        shutil.copy(ROOT / "examples" / "shop" / name, tmp_path / name)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "Order 2 tea.", "item": "tea", "quantity": 2}\n{"prompt": 7}\n')
+    (tmp_path / "hcp.yaml").write_text("system_prompt: 'Tools: {tools}'\n" + hcp)
+    (tmp_path / "run.yaml").write_text(f"hcp: hcp.yaml\nstore: {tmp_path / 's.duckdb'}\nenv: {env}\n")
+    line = _one_line(_cli("check", str(tmp_path / "run.yaml")))
+    assert line.startswith("autoevolve: config error: ") and message in line, line

@@ -45,7 +45,7 @@ def test_quickstart_loads() -> None:
             f"hcp: {ROOT}/prompts/life.yaml\nevolve: {{frozen: [tool]}}\n",
             "evolve.frozen: Value error, unknown component 'tool'",
         ),
-        (f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall}}\n", "env.path: the fncall environment needs a BFCL"),
+        (f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall}}\n", "env.args.path: FncallEnv() needs it; add it"),
         (
             f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: ppo}}\n",
             "distill.trainer: Input should be 'sft', 'dpo' or 'grpo'",
@@ -56,8 +56,8 @@ def test_quickstart_loads() -> None:
             "distill: Value error, batch_size x grad_accum (6) must be a multiple of generations (4) for grpo",
         ),
         (
-            f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, path: nope.jsonl}}\n",
-            "env.path: file nope.jsonl not",
+            f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, args: {{path: nope.jsonl}}}}\n",
+            "env.args.path: file nope.jsonl not found",
         ),
         (
             f"hcp: {ROOT}/prompts/life.yaml\n"
@@ -71,7 +71,17 @@ def test_quickstart_loads() -> None:
         (f"hcp: {ROOT}/prompts/life.yaml\nexpert: ../up\n", "expert: Value error, expert name '../up' is not allowed"),
         (
             f"hcp: {ROOT}/prompts/life.yaml\ngate: {{guard: {{env: {{name: fncall}}}}}}\n",
-            "gate.guard.env.path: the fncall environment needs a BFCL question file",
+            "gate.guard.env.args.path: FncallEnv() needs it",
+        ),
+        (f"hcp: {ROOT}/prompts/life.yaml\nenv: {{name: nope}}\n", "env.name: unknown environment 'nope' (registered: "),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\nenv: {{loader: 'no_such_module:make'}}\n",
+            "env.loader: loader 'no_such_module:make': cannot import no_such_module",
+        ),
+        (f"hcp: {ROOT}/prompts/life.yaml\nenv: {{loader: 'envs.py:make'}}\n", "env.loader: file envs.py not found"),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\nenv: {{name: life, args: {{size: 3}}}}\n",
+            "env.args.size: LifeEnv() takes no argument 'size' (it takes: seed, tiers, n_train, n_dev, n_test)",
         ),
     ],
 )
@@ -81,19 +91,17 @@ def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> 
 
 
 def test_router_config_builds_its_environment() -> None:
-    from autoevolve.envs import make_env
 
     config = load_config(ROOT / "configs/router.yaml")
-    env = make_env(config.env.name, **config.env.options())
+    env = config.env.make()
     assert config.expert == "L0-chat" and len(env.tasks("dev")) == 48
     assert config.original_hcp().tools_for(env.tasks("dev")[0])[0]["function"]["name"] == "change_model"
 
 
 def test_fncall_config_builds_its_environment() -> None:
-    from autoevolve.envs import make_env
 
     config = load_config(ROOT / "configs/fncall.yaml")
-    env = make_env(config.env.name, **config.env.options())
+    env = config.env.make()
     task = env.tasks("train")[0]
     assert env.name == "fncall" and task.tools and len(env.tasks("dev")) == config.evolve.dev_tasks
     messages, _ = config.original_hcp().render(task)

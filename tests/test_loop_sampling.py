@@ -40,7 +40,11 @@ def _evolved(r: loop.Round, tier2_of_tool_child: float, tier1_of_demos_child: fl
     def scores(tier1: float, tier2: float) -> dict[str, float]:
         return {t.id: tier1 if t.tier == 1 else tier2 for t in dev}
 
-    rows = [(r.original, scores(0.5, 0.0)), (demos, scores(tier1_of_demos_child, 0.0)), (tool, scores(0.0, tier2_of_tool_child))]
+    rows = [
+        (r.original, scores(0.5, 0.0)),
+        (demos, scores(tier1_of_demos_child, 0.0)),
+        (tool, scores(0.0, tier2_of_tool_child)),
+    ]
     candidates = [
         Candidate(run_id="t", hcp_id=h.id, status="keep", scores=s, mean_reward=sum(s.values()) / len(s))
         for h, s in rows

@@ -5,8 +5,10 @@ from __future__ import annotations
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest, Completion
-from autoevolve.rollout import rollout
+from autoevolve.records import Message
+from autoevolve.rollout import apply, rollout
 from autoevolve.store import Store
+from autoevolve.toolcall import PARALLEL_CALLS
 from autoevolve.workbench import Workbench
 
 
@@ -116,3 +118,26 @@ def test_retrying_leaves_the_config_id_alone_when_off() -> None:
     hcp = HCPConfig.from_yaml("prompts/life.yaml")
     assert hcp.retrying(2).id != hcp.id and hcp.retrying(0).id == hcp.id
     assert hcp.id == "fe54907e90c2"  # as before the knob existed: stored rows and runs still name it
+
+
+def test_a_reply_with_several_text_calls_runs_them_only_where_the_task_allows_it() -> None:
+    """A life task reads a multi-call text reply for its first call, as before; the same task marked as allowing
+    parallel calls runs every call of the reply, in order, with one tool result each."""
+    env, task, hcp = _setup()
+    g = task.goal
+    args = f'"restaurant_id": "{g["restaurant_id"]}", "party_size": {g["party_size"]}, "time": "{g["time"]}"'
+    other = '{"name": "search_restaurants", "arguments": {"city": "Lisbon"}}'
+    reply = f'{{"name": "book_table", "arguments": {{{args}}}}}\n{other}'
+    [traj] = rollout(Scripted([reply, "Booked!"]), env, hcp, [task], run_id="r")
+    assert traj.reward == 1.0 and traj.error == ""
+    assert [m.role for m in traj.messages] == ["user", "assistant", "tool", "assistant"]
+    assert [c.name for c in traj.messages[1].tool_calls] == ["book_table"]
+
+    parallel = task.model_copy(update={"metadata": {**task.metadata, PARALLEL_CALLS: True}})
+    messages = [Message(role="user", content=task.request)]
+    done, error = apply(Completion(text=reply), hcp, parallel, env.start(parallel), messages)
+    assert not done and error == ""
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "tool"]
+    calls = messages[1].tool_calls
+    assert [(c.id, c.name) for c in calls] == [("call_1", "book_table"), ("call_1_2", "search_restaurants")]
+    assert [m.tool_call_id for m in messages[2:]] == ["call_1", "call_1_2"]

@@ -95,6 +95,23 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
     assert on_disk["gate"]["guard"]["n"] == 4 and "; guard (life tiers 2, 4 tasks): " in adapter.reason
 
 
+@pytest.mark.integration
+def test_eval_reproduces_the_reports_adapter_original_cell(round_run, smol_policy, capsys) -> None:
+    from autoevolve import cli
+
+    config, report, _ = round_run
+    path = Path(config.run_dir).parent / "run.yaml"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("autoevolve.loop.make_policy", lambda config: smol_policy)
+        assert cli.main(["eval", str(path), "--adapter", report["adapter"], "--tasks", "8"]) == 0
+    scored = json.loads((Path(config.run_dir) / "it-round" / "eval.json").read_text())
+    assert scored["mean"] == pytest.approx(report["eval"]["adapter_original"], abs=1e-9)
+    assert scored["adapter"] == report["adapter"] and scored["hcp"]["id"] == config.original_hcp().id
+    with Store(config.store, read_only=True) as store:
+        assert store.count_trajectories("it-round-eval") == 8  # rolled out again, under the eval's own run id
+    assert f"mean reward {scored['mean']:.3f} [" in capsys.readouterr().out
+
+
 def _train(policy, store: Store, examples: list, out: Path, parent=None):  # noqa: ANN001, ANN202
     """LoRA-SFT SmolLM2 on examples (from ``parent`` if given), register it and load it into the policy."""
     settings = SFTSettings(epochs=2, batch_size=4, learning_rate=2e-3)

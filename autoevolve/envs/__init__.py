@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from autoevolve.envs import loading
 from autoevolve.records import Message, Split, Task
 
 
@@ -22,12 +23,12 @@ class Episode(Protocol):
 
 
 class Environment(Protocol):
-    """Tasks per split, the tools they may use, and episodes to run them in."""
+    """Tasks per split, the tools they may use, and episodes to run them in (the contract: docs/environments.md)."""
 
     name: str
 
     def tasks(self, split: Split) -> list[Task]:
-        """All tasks of a split, in a fixed order. Splits are disjoint."""
+        """All tasks of a split, in a fixed order. Splits are disjoint; ids are unique across them."""
         ...
 
     def tools(self) -> list[dict[str, Any]]:
@@ -43,18 +44,71 @@ class Environment(Protocol):
         ...
 
 
-def make_env(name: str, **options: Any) -> Environment:
-    """Build an environment by name."""
-    if name == "life":
-        from autoevolve.envs.life import LifeEnv
+def make_env(name: str = "life", *, loader: str | None = None, **args: Any) -> Environment:
+    """Build an environment by registered name (or ``loader``: 'module:factory', 'file.py:factory'), passing
+    ``args`` to its factory (a name the factory does not take raises EnvLoadError)."""
+    return build_env(name, loader, args)
 
-        return LifeEnv(**options)
-    if name == "fncall":
-        from autoevolve.envs.fncall import FncallEnv
 
-        return FncallEnv(**options)
-    if name == "router":
-        from autoevolve.envs.routing import RouterEnv
+def build_env(
+    name: str,
+    loader: str | None,
+    args: dict[str, Any],
+    common: dict[str, Any] | None = None,
+    explicit: frozenset[str] | set[str] = frozenset(),
+) -> Environment:
+    """Build an environment: ``args`` all go to its factory, ``common`` settings only where its signature takes them
+    (one of ``explicit`` it does not take is an error); task ids are namespaced by the environment's name."""
+    factory = loading.factory_of(name, loader)
+    env = loading.build(factory, loading.arguments(factory, args, common or {}, explicit))
+    try:
+        return namespaced(env)
+    except loading.EnvLoadError:
+        raise
+    except ValueError as exc:  # its tasks could not be listed (bad data, a malformed Task)
+        raise loading.EnvLoadError(f"env: {env.name}: listing its tasks failed: {' '.join(str(exc).split())}") from None
 
-        return RouterEnv(**options)
-    raise ValueError(f"unknown environment {name!r} (known: life, fncall, router)")
+
+def namespaced(env: Environment) -> Environment:
+    """The environment itself when its task ids start with its name ('life-1-00001'), else it under ids that do
+    ('shop/17'): the store keys rollouts by task id, so two environments' ids must never collide."""
+    ids = [t.id for split in SPLITS for t in env.tasks(split)]
+    if len(set(ids)) < len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise loading.EnvLoadError(f"env {env.name}: task id {twice!r} appears twice; ids must be unique across splits")
+    if all(i.startswith((f"{env.name}-", f"{env.name}/")) for i in ids):
+        return env
+    return Namespaced(env)
+
+
+class Namespaced:
+    """An environment seen through task ids prefixed with its name; everything else is the environment's own."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env, self.name = env, env.name
+
+    def tasks(self, split: Split) -> list[Task]:
+        """The environment's tasks under 'name/id' ids."""
+        return [t.model_copy(update={"id": f"{self.name}/{t.id}", "env": self.name}) for t in self.env.tasks(split)]
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The environment's tools."""
+        return self.env.tools()
+
+    def start(self, task: Task) -> Episode:
+        """The environment's episode for the task under its own id."""
+        return self.env.start(self._own(task))
+
+    def reference(self, task: Task) -> list[Message] | None:
+        """The environment's reference for the task under its own id."""
+        return self.env.reference(self._own(task))
+
+    def _own(self, task: Task) -> Task:
+        """The task as the environment made it."""
+        return task.model_copy(update={"id": task.id.removeprefix(f"{self.name}/")})
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.env, attr)  # optional extras (notes(), skipped, ...) stay reachable
+
+
+SPLITS: tuple[Split, ...] = ("train", "dev", "test")

@@ -4,24 +4,40 @@ Each line of a data file is one question with the functions it may call (BFCL fu
 OpenAI tool schema and offered as the task's own tools). Its ground truth lists, per expected call, the accepted
 values of each argument; BFCL keeps it inline or in ``possible_answer/<same file name>`` beside the data file.
 An episode records calls and finishes once as many were made as the ground truth expects.
+
+A question's BFCL category comes from its id (``Task.metadata["category"]``). In the parallel categories
+(``parallel``, ``parallel_multiple`` and their live forms) the task allows several calls in one text reply
+(``Task.metadata[PARALLEL_CALLS]``), the episode ends with that reply, and it is scored as BFCL does: a wrong count
+of calls scores 0, and each expected call must be matched, in any order, by its own call. Questions this
+environment cannot score (multi-turn, memory and web search, no ground truth) are skipped and counted per reason.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import re
 from collections.abc import Iterator, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
+from autoevolve.envs.bfcl_scoring import (
+    Check,
+    accepts,
+    assign,
+    category_of,
+    is_parallel,
+    no_truth_reason,
+    reference_arguments,
+    shown,
+    signature,
+    skip_reason,
+)
+from autoevolve.envs.taskfile import seeded_split
 from autoevolve.records import Message, Split, Task, ToolCall
+from autoevolve.toolcall import PARALLEL_CALLS
 
 SAMPLE = Path(__file__).parent / "data" / "bfcl_sample.jsonl"  # a tiny hand-written set, shipped with the package
-SPLIT_ORDER: tuple[Split, ...] = ("test", "dev", "train")  # held-out splits stay put when only n_train changes
-FALLBACK_SHARES = {"test": 0.2, "dev": 0.2}  # the rest trains, when the file is smaller than the asked sizes
-OPTIONAL = ""  # BFCL's accepted value for "this parameter may be omitted"
+PARALLEL = Path(__file__).parent / "data" / "bfcl_parallel_sample.jsonl"  # parallel questions, hand-written
 TYPES: dict[str, str | None] = {  # BFCL type names, lower-cased, that JSON Schema spells otherwise
     "dict": "object",
     "float": "number",
@@ -37,7 +53,7 @@ MAX_MATCHED = 16  # recorded calls matched to expected ones; the assignment sear
 FIX = (
     "each line must be a JSON object with 'id', 'question' (a string, a list of messages, or a list of turns) and "
     "'function' (a BFCL function doc or a list of them); ground_truth must be a list of "
-    "{function_name: {param: [accepted values]}} (multi-turn categories are not supported)"
+    "{function_name: {param: [accepted values]}} (multi-turn, memory and web-search questions are skipped)"
 )
 
 Expected = tuple[str, dict[str, list[Any]]]  # one expected call: original name, accepted values per parameter
@@ -83,79 +99,6 @@ def _schema(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def matches(got: Any, want: Any) -> bool:
-    """BFCL equality: numbers numerically, strings case-insensitively and stripped, lists and dicts element-wise.
-
-    A dict in an answer holds accepted values per key, as BFCL writes them ({'min': [300, 300.0], 'note': ['']}).
-    """
-    if isinstance(got, bool) or isinstance(want, bool):
-        return isinstance(got, bool) and isinstance(want, bool) and got == want  # True is not 1
-    if isinstance(got, int | float) and isinstance(want, int | float):
-        return float(got) == float(want)
-    if isinstance(got, str) and isinstance(want, str):
-        return got.strip().casefold() == want.strip().casefold()
-    if isinstance(got, list) and isinstance(want, list):
-        return len(got) == len(want) and all(matches(g, w) for g, w in zip(got, want, strict=True))
-    if isinstance(got, dict) and isinstance(want, dict):
-        if set(got) - set(want):
-            return False
-        return all(accepts(got, key, _options(options)) for key, options in want.items())
-    return got == want
-
-
-def accepts(arguments: dict[str, Any], key: str, options: list[Any]) -> bool:
-    """Whether an argument (or its absence) is one of the accepted values."""
-    if key not in arguments:
-        return OPTIONAL in options or not options  # a few BFCL answers accept [] (nothing): only omission can pass
-    return any(matches(arguments[key], option) for option in options)
-
-
-def _options(value: Any) -> list[Any]:
-    """Accepted values of a dict-answer key: BFCL lists them; a bare value is the only one."""
-    return value if isinstance(value, list) else [value]
-
-
-def concrete(value: Any) -> Any:
-    """A plain value from an accepted one: in nested dicts, each key's first non-optional option."""
-    if isinstance(value, dict):
-        picked = {k: _first(_options(v)) for k, v in value.items()}
-        return {k: concrete(v) for k, v in picked.items() if v is not _OMIT}
-    if isinstance(value, list):
-        return [concrete(v) for v in value]
-    return value
-
-
-_OMIT = object()
-
-
-def _first(options: list[Any]) -> Any:
-    """The first accepted value that is not the omit mark, or _OMIT when omitting is the only option."""
-    return next((o for o in options if not (isinstance(o, str) and o == OPTIONAL)), _OMIT)
-
-
-def reference_arguments(params: dict[str, list[Any]]) -> dict[str, Any]:
-    """The canonical arguments of an expected call: the first accepted non-empty value per parameter."""
-    picked = {p: _first(options) for p, options in params.items()}
-    return {p: concrete(v) for p, v in picked.items() if v is not _OMIT}
-
-
-def _signature(tool: str, params: dict[str, list[Any]]) -> str:
-    """'calculate_triangle_area(base=10, height=5)': an expected call written out, for feedback."""
-    args = ", ".join(f"{k}={json.dumps(v)}" for k, v in reference_arguments(params).items())
-    return f"{tool}({args})"
-
-
-def _shown(options: list[Any]) -> str:
-    """'one of [10, 10.0]', 'one of [5] or omitted', 'nothing (omit it)'."""
-    values = [o for o in options if not (isinstance(o, str) and o == OPTIONAL)]
-    if not values:
-        return "nothing (omit it)"
-    return f"one of {json.dumps(values)}" + (" or omitted" if len(values) < len(options) else "")
-
-
-Check = tuple[bool, str]
-
-
 class FncallEpisode:
     """One question in progress: the calls made so far and the fixed scorer."""
 
@@ -165,11 +108,13 @@ class FncallEpisode:
         self.tool_of = {original: safe for safe, original in self.names.items()}
         self.expected: list[Expected] = [next(iter(call.items())) for call in task.goal["ground_truth"]]
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.parallel = bool(task.metadata.get(PARALLEL_CALLS))  # BFCL's parallel rule: all calls in one reply
 
     @property
     def finished(self) -> bool:
-        """True once as many calls were made as the ground truth expects: no model call is needed after that."""
-        return len(self.calls) >= len(self.expected)
+        """True once no model call is needed: as many calls were made as the ground truth expects, or, for a
+        parallel question, once a reply made calls (BFCL scores that one reply)."""
+        return bool(self.calls) if self.parallel else len(self.calls) >= len(self.expected)
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         """Record a call and acknowledge it; the scorer judges it later."""
@@ -184,19 +129,42 @@ class FncallEpisode:
         pool = self.calls[:MAX_MATCHED]
         table = [[self._checks(e, c) for c in pool] for e in self.expected]
         missing = [self._checks(e) for e in self.expected]
-        chosen = _assign(table, missing)
-        checks = [c for i, pick in enumerate(chosen) for c in (missing[i] if pick is None else table[i][pick])]
-        for i, (name, args) in enumerate(self.calls):
-            if i not in chosen:
-                shown = _signature(name, {k: [v] for k, v in args.items()})
-                checks.append((False, f"The call {shown} was not expected."))
+        chosen = assign(table, missing)
+        picked = [missing[i] if pick is None else table[i][pick] for i, pick in enumerate(chosen)]
+        checks = [c for row in picked for c in row]
+        extra = [f"The call {_written(call)} was not expected." for i, call in enumerate(self.calls) if i not in chosen]
+        checks += [(False, sentence) for sentence in extra]
         reward = sum(ok for ok, _ in checks) / len(checks)
-        return reward, " ".join(sentence for ok, sentence in checks if not ok and sentence)
+        if not self.parallel:
+            return reward, " ".join(sentence for ok, sentence in checks if not ok and sentence)
+        unmatched = [self._unmatched(e, pick, row) for e, pick, row in zip(self.expected, chosen, picked, strict=True)]
+        feedback = [sentence for sentence in unmatched if sentence] + extra
+        made, needed = len(self.calls), len(self.expected)
+        if made != needed:  # BFCL: "wrong count", whatever the calls are
+            count = (
+                f"The reply made {made} call{'s' if made != 1 else ''} but the question needs exactly {needed}, "
+                "all in one reply; a wrong count of calls scores 0."
+            )
+            return 0.0, " ".join([count, *feedback])
+        return reward, " ".join(feedback)
+
+    def _unmatched(self, expected: Expected, pick: int | None, checks: list[Check]) -> str:
+        """Why no call of a parallel reply matched an expected call, naming it and the closest call ('' if matched)."""
+        wanted = self._signature(expected)
+        if pick is None:
+            return f"Expected {wanted}, but no call in the reply was left for it."
+        if all(ok for ok, _ in checks):
+            return ""
+        closest = _written(self.calls[pick])
+        if not checks[0][0]:
+            return f"No call in the reply matched {wanted} (the closest, {closest}, calls another function)."
+        why = " ".join(sentence for ok, sentence in checks if not ok and sentence)
+        return f"No call in the reply matched {wanted}; in the closest, {closest}: {why}"
 
     def _signature(self, expected: Expected) -> str:
         """An expected call as the model should write it (safe tool name, canonical arguments)."""
         name, params = expected
-        return _signature(self.tool_of.get(name, name), params)
+        return signature(self.tool_of.get(name, name), params)
 
     def _checks(self, expected: Expected, call: tuple[str, dict[str, Any]] | None = None) -> list[Check]:
         """The checks of one expected call against one recorded call (None: no call was left for it)."""
@@ -212,42 +180,17 @@ class FncallEpisode:
         for param, options in params.items():
             ok = accepts(args, param, options)
             got = f"was {json.dumps(args[param])}" if param in args else "is missing"
-            checks.append((ok, f"Argument '{param}' of {tool} {got}; expected {_shown(options)}."))
+            checks.append((ok, f"Argument '{param}' of {tool} {got}; expected {shown(options)}."))
         for param in args:
             if param not in params:
                 checks.append((False, f"Argument '{param}' of {tool} was not expected."))
         return checks
 
 
-def _assign(table: list[list[list[Check]]], missing: list[list[Check]]) -> list[int | None]:
-    """For each expected call, the recorded call to score it against (None: none), in the best-scoring assignment.
-
-    BFCL accepts parallel calls in any order, so the matching maximises checks met minus checks failed.
-    """
-
-    def value(checks: list[Check]) -> int:
-        """Checks met minus checks failed."""
-        return sum(1 if ok else -1 for ok, _ in checks)
-
-    # Matching a call also spares it the failed check of an unexpected call, hence the +1.
-    gains = [[value(checks) + 1 for checks in row] for row in table]
-
-    n_calls = len(table[0]) if table else 0
-
-    @cache
-    def best(i: int, used: int) -> tuple[int, tuple[int | None, ...]]:
-        """Best value and picks for expected calls i.. when the calls in the bit mask `used` are taken."""
-        if i == len(table):
-            return 0, ()
-        rest, picks = best(i + 1, used)
-        top = (value(missing[i]) + rest, (None, *picks))
-        for j in range(n_calls):
-            if not used & (1 << j):
-                rest, picks = best(i + 1, used | (1 << j))
-                top = max(top, (gains[i][j] + rest, (j, *picks)), key=lambda t: t[0])
-        return top
-
-    return list(best(0, 0)[1])
+def _written(call: tuple[str, dict[str, Any]]) -> str:
+    """A recorded call written out as the model made it: 'math_gcd(a=12, b=18)'."""
+    name, args = call
+    return f"{name}({', '.join(f'{k}={json.dumps(v)}' for k, v in args.items())})"
 
 
 def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -285,6 +228,12 @@ def _ground_truth(value: Any, where: str) -> list[dict[str, dict[str, list[Any]]
     if not ok:
         raise ValueError(f"{where}: bad ground_truth {json.dumps(value)[:120]}; {FIX}")
     return value
+
+
+def _metadata(source: str, category: str) -> dict[str, Any]:
+    """A question's metadata: its BFCL id and category, and whether one reply may hold several calls."""
+    parallel = {PARALLEL_CALLS: True} if is_parallel(category) else {}
+    return {"bfcl_id": source, "category": category, **parallel}
 
 
 def _functions(value: Any, where: str) -> list[dict[str, Any]]:
@@ -325,12 +274,17 @@ class FncallEnv:
         sizes = {"train": n_train, "dev": n_dev, "test": n_test}
         if min(sizes.values()) < 0:
             raise ValueError(f"split sizes must be >= 0, got {sizes}")
-        self.skipped = 0  # questions with no ground truth anywhere (e.g. BFCL's irrelevance categories)
+        self.skipped: dict[str, int] = {}  # questions left out, per reason (see notes())
         wanted = set(tiers)
         usable = [t for t in self._load() if t.tier in wanted]
         if not usable:
-            raise ValueError(f"{self.path}: no question with a ground truth and a tier in {tuple(tiers)}")
+            skips = f" ({'; '.join(self.notes())})" if self.skipped else ""
+            raise ValueError(f"{self.path}: no question with a ground truth and a tier in {tuple(tiers)}{skips}")
         self._splits = self._split(usable, sizes)
+
+    def notes(self) -> list[str]:
+        """One line per reason questions were skipped: 'skipped 4 questions: no ground truth (...)'."""
+        return [f"skipped {n} question{'s' if n != 1 else ''}: {reason}" for reason, n in self.skipped.items()]
 
     def tasks(self, split: Split) -> list[Task]:
         """All tasks of a split, in file order."""
@@ -349,19 +303,25 @@ class FncallEnv:
         return FncallEpisode(task)
 
     def reference(self, task: Task) -> list[Message] | None:
-        """The canonical conversation of a train task (request, each expected call, its acknowledgement)."""
+        """The canonical conversation of a train task: the request, then each expected call and its acknowledgement
+        (a parallel question's calls all in one assistant message, then their acknowledgements)."""
         if task.split != "train":
             return None
         episode = self.start(task)
+        calls = [
+            ToolCall.make(f"call_{number}", episode.tool_of.get(name, name), reference_arguments(params))
+            for number, (name, params) in enumerate(episode.expected, start=1)
+        ]
         messages = [Message(role="user", content=task.request)]
-        for number, (name, params) in enumerate(episode.expected, start=1):
-            call_id, tool, args = f"call_{number}", episode.tool_of.get(name, name), reference_arguments(params)
-            messages.append(Message(role="assistant", tool_calls=[ToolCall.make(call_id, tool, args)]))
-            messages.append(Message(role="tool", tool_call_id=call_id, content=episode.call(tool, args)))
+        for group in [calls] if episode.parallel else [[call] for call in calls]:
+            messages.append(Message(role="assistant", tool_calls=group))
+            for call in group:
+                ack = episode.call(call.name, call.arguments)
+                messages.append(Message(role="tool", tool_call_id=call.id, content=ack))
         return messages
 
     def _load(self) -> list[Task]:
-        """One task per question with a ground truth, in file order (split is set later)."""
+        """One task per question it can score, in file order (split is set later); the others counted in skipped."""
         answers = {str(obj["id"]): (n, obj) for n, obj in _lines(self.answers)} if self.answers else {}
         tasks, seen = [], set()
         for number, obj in _lines(self.path):
@@ -370,8 +330,12 @@ class FncallEnv:
             if source in seen:
                 raise ValueError(f"{where}: duplicate id {source!r}; ids must be unique within a file")
             seen.add(source)
-            if "ground_truth" not in obj and source not in answers:
-                self.skipped += 1
+            category = category_of(source)
+            reason = skip_reason(category, obj)
+            if reason is None and "ground_truth" not in obj and source not in answers:
+                reason = no_truth_reason(category)
+            if reason is not None:
+                self.skipped[reason] = self.skipped.get(reason, 0) + 1
                 continue
             if "ground_truth" in obj:
                 truth = _ground_truth(obj["ground_truth"], where)
@@ -391,7 +355,7 @@ class FncallEnv:
                     split="train",
                     tier=1 if len(truth) == 1 else 2,
                     request=_request(obj["question"], where),
-                    metadata={"bfcl_id": source},
+                    metadata=_metadata(source, category),
                     goal={"ground_truth": truth, "names": names},
                     tools=tools,
                 )
@@ -400,14 +364,7 @@ class FncallEnv:
 
     def _split(self, usable: list[Task], sizes: dict[str, int]) -> dict[str, list[Task]]:
         """Seeded shuffle, then test, dev and train slices; each split keeps file order."""
-        if sum(sizes.values()) > len(usable):
-            n_test, n_dev = (round(len(usable) * FALLBACK_SHARES[s]) for s in ("test", "dev"))
-            sizes = {"test": n_test, "dev": n_dev, "train": len(usable) - n_test - n_dev}
-        order = list(range(len(usable)))
-        random.Random(f"fncall:{self.seed}").shuffle(order)
-        splits, start = {}, 0
-        for split in SPLIT_ORDER:
-            picked = sorted(order[start : start + sizes[split]])
-            start += sizes[split]
-            splits[split] = [usable[i].model_copy(update={"split": split}) for i in picked]
-        return splits
+        picks = seeded_split(len(usable), sizes, f"fncall:{self.seed}")
+        return {
+            split: [usable[i].model_copy(update={"split": split}) for i in picked] for split, picked in picks.items()
+        }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -9,11 +10,13 @@ from typing import Any
 import pytest
 
 from autoevolve.envs import make_env
-from autoevolve.envs.fncall import SAMPLE, FncallEnv, FncallEpisode, to_openai_tools
+from autoevolve.envs.bfcl_scoring import AGENTIC, MULTI_TURN, NO_TRUTH, NO_TRUTH_RELEVANCE, category_of
+from autoevolve.envs.fncall import PARALLEL, SAMPLE, FncallEnv, FncallEpisode, to_openai_tools
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest, Completion
 from autoevolve.records import Task
 from autoevolve.rollout import rollout
+from autoevolve.toolcall import PARALLEL_CALLS, parse_all
 
 SPLITS = ("train", "dev", "test")
 TRIANGLE = {
@@ -115,7 +118,7 @@ def test_splits_deterministic_disjoint_and_sized(env: FncallEnv) -> None:
     twin, other = FncallEnv(SAMPLE, seed=0), FncallEnv(SAMPLE, seed=1)
     for split in SPLITS:
         assert [t.model_dump() for t in env.tasks(split)] == [t.model_dump() for t in twin.tasks(split)]
-    assert [len(env.tasks(s)) for s in SPLITS] == [20, 6, 6] and env.skipped == 0
+    assert [len(env.tasks(s)) for s in SPLITS] == [20, 6, 6] and env.skipped == {} and env.notes() == []
     ids = [t.id for s in SPLITS for t in env.tasks(s)]
     assert len(ids) == len(set(ids)) == 32 and all(i.startswith("fncall-sample_") for i in ids)
     assert [t.id for t in other.tasks("test")] != [t.id for t in env.tasks("test")]
@@ -138,7 +141,7 @@ def test_task_records(env: FncallEnv) -> None:
     assert par.goal["names"] == {"math_gcd": "math.gcd", "math_lcm": "math.lcm"}
     assert sum(t.tier == 2 for t in tasks.values()) == 2 and all(t.tools for t in tasks.values())
     assert make_env("fncall", path=SAMPLE).tasks("dev") == env.tasks("dev")
-    with pytest.raises(ValueError, match="known: life, fncall"):
+    with pytest.raises(ValueError, match="unknown environment .nope. \(registered: fncall, life, router, trl\)"):
         make_env("nope")
 
 
@@ -244,10 +247,10 @@ def test_answers_from_a_possible_answer_file_by_id(tmp_path: Path) -> None:
     _write(tmp_path / "possible_answer" / "BFCL_v4_simple.json", answers)
     env = FncallEnv(data)
     tasks = {t.id: t for s in SPLITS for t in env.tasks(s)}
-    assert env.skipped == 1 and sorted(tasks) == ["fncall-q0", "fncall-q1", "fncall-q3", "fncall-q4"]
+    assert env.skipped == {NO_TRUTH: 1} and sorted(tasks) == ["fncall-q0", "fncall-q1", "fncall-q3", "fncall-q4"]
     assert tasks["fncall-q3"].goal["ground_truth"] == [{"math.factorial": {"number": [3]}}]
     elsewhere = _write(tmp_path / "other" / "gold.jsonl", answers[:1])
-    assert FncallEnv(data, answers=elsewhere).skipped == 4
+    assert FncallEnv(data, answers=elsewhere).skipped == {NO_TRUTH: 4}
     with pytest.raises(ValueError, match="no question with a ground truth"):
         FncallEnv(_write(tmp_path / "lonely.json", rows))
 
@@ -345,3 +348,145 @@ def test_an_empty_accepted_list_means_omit() -> None:
         episode = FncallEpisode(task)
         episode.call("f", args)
         assert episode.score([])[0] == want
+
+
+@pytest.fixture(scope="module")
+def par() -> FncallEnv:
+    """The shipped parallel sample, every scorable question in train."""
+    return FncallEnv(PARALLEL, n_train=9, n_dev=0, n_test=0)
+
+
+AREA = ("circle_calculate_area", {"radius": 5})
+CIRCUMFERENCE = ("circle_calculate_circumference", {"diameter": 10})
+PERIMETER = ("rectangle_calculate_perimeter", {"length": 4, "breadth": 6})
+
+
+def test_category_from_the_id_and_parallel_flag(par: FncallEnv) -> None:
+    """BFCL's category is the id up to its last '_'; only the parallel categories allow several calls per reply."""
+    cases = {
+        "parallel_multiple_12": "parallel_multiple",
+        "simple_python_3": "simple_python",
+        "live_parallel_1-0-1": "live_parallel",
+        "multi_turn_base_0": "multi_turn_base",
+        "format_sensitivity_0:prompt_format:live_simple_23-5-1": "format_sensitivity",
+        "tri": "",
+    }
+    assert {i: category_of(i) for i in cases} == cases
+    tasks = par.tasks("train")
+    assert [t.metadata["category"] for t in tasks] == ["parallel"] * 4 + ["parallel_multiple"] * 4 + ["live_parallel"]
+    assert all(t.metadata[PARALLEL_CALLS] is True and t.tier == 2 for t in tasks)
+    sample = [t for s in SPLITS for t in FncallEnv(SAMPLE).tasks(s)]
+    gcd = next(t for t in sample if t.id == "fncall-sample_gcd_lcm_1")
+    assert gcd.metadata == {"bfcl_id": "sample_gcd_lcm_1", "category": "sample_gcd_lcm"}
+    assert not any(PARALLEL_CALLS in t.metadata for t in sample)
+
+
+def test_questions_it_cannot_score_are_skipped_per_reason(tmp_path: Path) -> None:
+    """Multi-turn, memory, web-search and answerless questions are counted per reason and noted, not fatal."""
+    question = [[{"role": "user", "content": "5!"}]]
+    rows = [
+        _row("simple_python_0", question, [FACTORIAL]),
+        _row("irrelevance_0", question, [TRIANGLE]),
+        _row("live_irrelevance_3-0-1", question, [TRIANGLE]),
+        _row("live_relevance_0-0-0", question, [TRIANGLE]),
+        {"id": "multi_turn_base_0", "question": [question[0], question[0]], "initial_config": {}},
+        {"id": "multi_turn_miss_func_2", "question": question, "initial_config": {}},
+        {"id": "memory_0-customer-0", "question": question, "involved_classes": ["MemoryAPI"]},
+        {"id": "web_search_1", "question": question, "involved_classes": ["WebSearchAPI"]},
+        _row("q_7", question, [FACTORIAL]),
+    ]
+    data = _write(tmp_path / "mixed.json", rows)
+    answers = [
+        {"id": "simple_python_0", "ground_truth": [{"math.factorial": {"number": [5]}}]},
+        {"id": "multi_turn_base_0", "ground_truth": [["cd(folder='a')"], ["ls()"]]},  # not BFCL's single-turn shape
+        {"id": "memory_0-customer-0", "ground_truth": ["Michael"]},
+        {"id": "web_search_1", "ground_truth": ["Zhang Yiming"]},
+    ]
+    _write(tmp_path / "possible_answer" / "mixed.json", answers)
+    env = FncallEnv(data)
+    assert [t.id for s in SPLITS for t in env.tasks(s)] == ["fncall-simple_python_0"]
+    assert env.skipped == {NO_TRUTH_RELEVANCE: 3, MULTI_TURN: 2, AGENTIC: 2, NO_TRUTH: 1}
+    assert len(env.notes()) == 4 and env.notes()[0] == f"skipped 3 questions: {NO_TRUTH_RELEVANCE}"
+    assert env.notes()[3] == "skipped 1 question: no ground truth in the line or the answers file"
+    assert FncallEnv(PARALLEL).skipped == {NO_TRUTH_RELEVANCE: 1, MULTI_TURN: 1}
+    # A question of a category it can score still fails the file, at its line, when its ground truth is malformed.
+    bad = _row("parallel_5", question, [FACTORIAL], [{"math.factorial": {"number": 5}}])
+    with pytest.raises(ValueError, match=r"mixed\.json:10: bad ground_truth"):
+        FncallEnv(_write(tmp_path / "mixed.json", [*rows, bad]))
+    with pytest.raises(ValueError, match=r"no question with a ground truth .*skipped 3 questions: no ground truth"):
+        FncallEnv(_write(tmp_path / "none.json", rows[1:4]))
+
+
+def test_a_parallel_reply_scores_one_in_any_order(par: FncallEnv) -> None:
+    """Every order of the expected calls scores 1.0; so does one text reply holding them, JSON list or Python."""
+    task = _task(par, "parallel_multiple_2")
+    for calls in itertools.permutations([AREA, CIRCUMFERENCE, PERIMETER]):
+        assert _score(par, task, *calls) == (1.0, "")
+    hcp = HCPConfig.from_yaml("prompts/fncall.yaml")
+    as_json = json.dumps([{"name": n, "arguments": a} for n, a in (PERIMETER, AREA, CIRCUMFERENCE)])
+    as_python = (
+        "[rectangle_calculate_perimeter(length=4, breadth=6), circle_calculate_area(radius=5), "
+        "circle_calculate_circumference(diameter=10)]"
+    )
+    for reply in (as_json, as_python):
+        policy = Scripted([reply, "never asked"])
+        [traj] = rollout(policy, par, hcp, [task], run_id="r")
+        assert policy.calls == 1 and (traj.reward, traj.error, traj.feedback) == (1.0, "", "")
+        assert [m.role for m in traj.messages] == ["user", "assistant", "tool", "tool", "tool"]
+
+
+def test_a_wrong_count_of_calls_scores_zero_and_says_why(par: FncallEnv) -> None:
+    """Too few or too many calls in the reply score 0 (BFCL's wrong count), naming what was left unmatched; a
+    parallel episode ends with its first reply that made calls, so calls spread over replies fail too."""
+    task = _task(par, "parallel_multiple_2")
+    reward, feedback = _score(par, task, CIRCUMFERENCE, AREA)
+    assert reward == 0.0 and feedback == (
+        "The reply made 2 calls but the question needs exactly 3, all in one reply; a wrong count of calls scores 0. "
+        "Expected rectangle_calculate_perimeter(length=4, breadth=6), but no call in the reply was left for it."
+    )
+    reward, feedback = _score(par, task, AREA, CIRCUMFERENCE, PERIMETER, AREA)
+    assert reward == 0.0 and feedback.startswith("The reply made 4 calls but the question needs exactly 3")
+    assert feedback.endswith("The call circle_calculate_area(radius=5) was not expected.")
+    hcp = HCPConfig.from_yaml("prompts/fncall.yaml")
+    replies = [json.dumps({"name": n, "arguments": a}) for n, a in (AREA, CIRCUMFERENCE, PERIMETER)]
+    policy = Scripted(replies)
+    [traj] = rollout(policy, par, hcp, [task], run_id="r")
+    assert policy.calls == 1 and traj.reward == 0.0 and "The reply made 1 call but" in traj.feedback
+
+
+def test_an_unmatched_expected_call_is_named_with_the_reason(par: FncallEnv) -> None:
+    """With the right count, each expected call no call matched is named, with its closest call and what differs."""
+    task = _task(par, "parallel_0")
+    coldplay = ("music_play", {"artist": "Coldplay", "duration": 20})
+    adele = ("music_play", {"artist": "adele ", "duration": 10})  # case and spaces do not matter
+    reward, feedback = _score(par, task, coldplay, adele)
+    assert reward == 5 / 6 and feedback == (
+        'No call in the reply matched music_play(artist="Coldplay", duration=25); in the closest, '
+        "music_play(artist=\"Coldplay\", duration=20): Argument 'duration' of music_play was 20; expected one of [25]."
+    )
+    task = _task(par, "parallel_multiple_0")
+    sums = ("math_toolkit_sum_of_multiples", {"lower_limit": 1, "upper_limit": 100, "multiples": [3, 5]})
+    reward, feedback = _score(par, task, sums, sums)
+    assert reward == 4 / 6 and feedback == (
+        "No call in the reply matched math_toolkit_product_of_primes(count=4) (the closest, "
+        "math_toolkit_sum_of_multiples(lower_limit=1, upper_limit=100, multiples=[3, 5]), calls another function)."
+    )
+
+
+def test_parallel_references_put_every_call_in_one_reply(par: FncallEnv) -> None:
+    """A parallel question's reference is one assistant message with all its calls; written out under either call
+    syntax, parse_all reads the calls back, and the reference scores 1.0."""
+    hcp = HCPConfig.from_yaml("prompts/fncall.yaml")
+    for task in par.tasks("train"):
+        messages = par.reference(task)
+        n = len(task.goal["ground_truth"])
+        assert [m.role for m in messages] == ["user", "assistant"] + ["tool"] * n
+        calls = [(c.name, c.arguments) for c in messages[1].tool_calls]
+        episode = par.start(task)
+        for name, args in calls:
+            episode.call(name, args)
+        assert episode.finished and episode.score(messages) == (1.0, "")
+        names = [t["function"]["name"] for t in task.tools]
+        for syntax in ("json", "python"):
+            wire, _ = hcp.model_copy(update={"call_syntax": syntax}).render(task, messages)
+            assert parse_all(wire[2]["content"], names) == calls

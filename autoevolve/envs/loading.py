@@ -1,0 +1,146 @@
+"""Finding and building environments: registered names, ``module:factory`` loaders, arguments checked by signature.
+
+A name is looked up in the ``autoevolve.environments`` entry-point group (the built-ins register there too, in
+``pyproject.toml``), so an installed package adds ``env: {name: my-env}`` by declaring one entry point. A loader
+is ``package.module:factory`` (an importable module) or ``path/to/file.py:factory`` (a local file). A factory is
+any callable that returns an Environment: a class, or a function. Its own signature says which arguments it takes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+GROUP = "autoevolve.environments"
+
+
+class EnvLoadError(ValueError):
+    """An environment that cannot be found or built from its settings; the message is one line with the fix."""
+
+
+def registered() -> dict[str, Any]:
+    """The environment names installed packages declare, with their entry points."""
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def factory_of(name: str | None = None, loader: str | None = None) -> Callable[..., Any]:
+    """The factory a loader path or a registered name points to (EnvLoadError saying what is wrong)."""
+    if loader is not None:
+        try:
+            return load_object(loader)
+        except EnvLoadError as exc:
+            raise EnvLoadError(f"env.loader: {exc}") from None
+    known = registered()
+    if name not in known:
+        names = ", ".join(sorted(known)) or "none: is autoevolve installed (pip install -e .)?"
+        raise EnvLoadError(
+            f"env.name: unknown environment {name!r} (registered: {names}); give env.loader: 'module:factory' "
+            "for your own"
+        )
+    try:
+        return known[name].load()
+    except (ImportError, AttributeError) as exc:
+        raise EnvLoadError(
+            f"env.name: environment {name!r}: its entry point {known[name].value} does not load: {exc}"
+        ) from None
+
+
+def load_object(spec: str) -> Any:
+    """The object ``module:attr`` or ``file.py:attr`` names (attr may be dotted)."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise EnvLoadError(f"loader {spec!r}: expected 'package.module:factory' or 'path/to/file.py:factory'")
+    if where.endswith(".py"):
+        module = _module_from_file(Path(where), spec)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as exc:
+            raise EnvLoadError(f"loader {spec!r}: cannot import {where}: {exc}") from None
+    found: Any = module
+    for part in attr.split("."):
+        if not hasattr(found, part):
+            raise EnvLoadError(f"loader {spec!r}: {where} has no {attr!r}")
+        found = getattr(found, part)
+    if not callable(found):
+        raise EnvLoadError(f"loader {spec!r}: {attr} is not callable")
+    return found
+
+
+def _module_from_file(path: Path, spec: str) -> Any:
+    """Import a local Python file once, under a name derived from its resolved path."""
+    if not path.is_file():
+        raise EnvLoadError(f"loader {spec!r}: file {path} not found")
+    resolved = path.resolve()
+    name = f"autoevolve_local_{abs(hash(str(resolved))):x}_{resolved.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # before running it: dataclasses and pickling look modules up by name
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise EnvLoadError(f"loader {spec!r}: {path} raised on import: {type(exc).__name__}: {exc}") from None
+    return module
+
+
+def arguments(factory: Callable[..., Any], args: dict[str, Any], common: dict[str, Any], explicit: set[str]) -> dict:
+    """The keyword arguments to call ``factory`` with: every one of ``args`` (a name it does not take is an error),
+    and those ``common`` settings it takes (one of ``explicit`` that it does not take is an error too)."""
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    label = getattr(factory, "__qualname__", repr(factory))
+    out = {}
+    for key, value in common.items():
+        if takes_any or key in named:
+            out[key] = value
+        elif key in explicit:
+            raise EnvLoadError(f"env.{key}: {label}() takes no {key!r} (it takes: {', '.join(named) or 'nothing'})")
+    for key, value in args.items():
+        if not takes_any and key not in named:
+            raise EnvLoadError(
+                f"env.args.{key}: {label}() takes no argument {key!r} (it takes: {', '.join(named) or 'nothing'})"
+            )
+        out[key] = value
+    missing = [
+        n
+        for n, p in params.items()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in out
+    ]
+    if missing:
+        raise EnvLoadError(f"env.args.{missing[0]}: {label}() needs it; add it under env.args")
+    return out
+
+
+def path_arguments(factory: Callable[..., Any]) -> set[str]:
+    """The factory's parameters annotated as paths (resolved against the run config's folder like its hcp file)."""
+    try:
+        hints = inspect.signature(factory, eval_str=True).parameters
+    except (NameError, TypeError):
+        hints = inspect.signature(factory).parameters
+    return {n for n, p in hints.items() if "Path" in str(p.annotation)}
+
+
+def build(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """Call the factory; a ValueError or TypeError it raises becomes an EnvLoadError naming it."""
+    label = getattr(factory, "__qualname__", repr(factory))
+    try:
+        env = factory(**kwargs)
+    except (ValueError, TypeError, KeyError, OSError) as exc:
+        raise EnvLoadError(f"env: {label}(): {exc}") from None
+    for attr in ("name", "tasks", "tools", "start", "reference"):
+        if not hasattr(env, attr):
+            raise EnvLoadError(
+                f"env: {label}() returned {type(env).__name__}, which has no {attr!r} (see docs/environments.md)"
+            )
+    return env
