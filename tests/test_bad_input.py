@@ -64,10 +64,10 @@ def test_a_malformed_environment_file_stops_check_and_run(tmp_path: Path) -> Non
     good = (ROOT / "autoevolve/envs/data/bfcl_sample.jsonl").read_text().splitlines()
     broken = tmp_path / "questions.jsonl"
     broken.write_text("\n".join([good[0], good[1][:40], *good[2:]]) + "\n")
-    config = _config(tmp_path, f"env:\n  name: fncall\n  path: {broken}\n", hcp="prompts/fncall.yaml")
+    config = _config(tmp_path, f"env:\n  name: fncall\n  args: {{path: {broken}}}\n", hcp="prompts/fncall.yaml")
     for command in ("check", "run"):
         line = _one_line(_cli(command, str(config)))
-        assert line.startswith(f"autoevolve: env error: {broken}:2: not valid JSON")
+        assert line.startswith(f"autoevolve: config error: {config}: env: FncallEnv(): {broken}:2: not valid JSON")
     assert not (tmp_path / "s.duckdb").exists()  # nothing written
     ok = _cli("check", str(ROOT / "configs/fncall.yaml"))
     assert ok.returncode == 0 and "env fncall: 20 train, 6 dev, 6 test tasks" in ok.stdout
