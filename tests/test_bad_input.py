@@ -163,3 +163,22 @@ def test_check_refuses_an_environment_that_does_not_fit_in_one_line(
     (tmp_path / "run.yaml").write_text(f"hcp: hcp.yaml\nstore: {tmp_path / 's.duckdb'}\nenv: {env}\n")
     line = _one_line(_cli("check", str(tmp_path / "run.yaml")))
     assert line.startswith("autoevolve: config error: ") and message in line, line
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--adapter", "L1-life@v9"], "autoevolve: --adapter L1-life@v9: no such adapter in "),
+        (
+            ["--adapter", "no/such/folder"],
+            "autoevolve: --adapter no/such/folder: adapter no/such/folder: adapter_config",
+        ),
+        (["--hcp", "0123abc"], "autoevolve: --hcp 0123abc: "),
+        (["--env", "{name: nope}"], "autoevolve: env.name: unknown environment 'nope'"),
+    ],
+)
+def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    line = _one_line(
+        _cli("eval", str(_config(tmp_path, "env: {tiers: [1], n_train: 8, n_dev: 4, n_test: 4}\n")), *args)
+    )
+    assert line.startswith(message), line
