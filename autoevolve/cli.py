@@ -84,15 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autoevolve: config error: {exc}", file=sys.stderr)
         return 2
     try:  # the environment's data too: a broken task file stops here, before any model loads
-        tasks = _load_tasks(config)
+        tasks, notes = _load_tasks(config)
     except ValueError as exc:
         print(f"autoevolve: env error: {exc}", file=sys.stderr)
         return 2
     if args.command == "check":
-        line, _, notes = tasks.partition("\n")
-        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {line})")
-        if notes:  # what the environment skipped, and why
-            print(notes)
+        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks})")
+        for note in notes:  # what the environment skipped, and why
+            print(f"  {note}")
         return 0
     if args.command == "deploy":
         return _deploy(config, args.config, args.dry_run)
@@ -228,14 +227,13 @@ def _registry(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_tasks(config: RunConfig) -> str:
-    """The run's environment and its splits' sizes, with what it skipped and why (an environment's optional
-    ``notes()``), one line each (ValueError naming the file and line of bad data)."""
+def _load_tasks(config: RunConfig) -> tuple[str, list[str]]:
+    """The run's environment and its splits' sizes in one line, and what it skipped and why (an environment's
+    optional ``notes()``) (ValueError naming the file and line of bad data)."""
     env = config.env.make()
     sizes = {split: len(env.tasks(split)) for split in ("train", "dev", "test")}
     line = f"env {env.name}: " + ", ".join(f"{n} {split}" for split, n in sizes.items()) + " tasks"
-    notes = env.notes() if callable(getattr(env, "notes", None)) else []
-    return line + "".join(f"\n  {note}" for note in notes)
+    return line, env.notes() if callable(getattr(env, "notes", None)) else []
 
 
 def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported lazily

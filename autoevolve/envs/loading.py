@@ -8,6 +8,7 @@ any callable that returns an Environment: a class, or a function. Its own signat
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -78,7 +79,7 @@ def _module_from_file(path: Path, spec: str) -> Any:
     if not path.is_file():
         raise EnvLoadError(f"loader {spec!r}: file {path} not found")
     resolved = path.resolve()
-    name = f"autoevolve_local_{abs(hash(str(resolved))):x}_{resolved.stem}"
+    name = f"autoevolve_local_{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}_{resolved.stem}"
     if name in sys.modules:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, resolved)
