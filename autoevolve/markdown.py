@@ -87,6 +87,12 @@ def _gains(report: dict[str, Any]) -> str:
         f"test {_share(kept['test'])}, dev {_share(kept['dev'])}",
         f"- prompt tokens of the first call: original {tokens['original']:.0f}, evolved {tokens['evolved']:.0f}",
     ]
+    if report.get("grammar"):
+        g = report["grammar"]
+        lines.append(
+            f"- the tool-call grammar alone (A_r, original config): test {g['base_grammar']:.3f} [{_ci(g['ci'])}]; "
+            f"grammar retention (share of its gain the new adapter keeps without it): {_share(g['retention'])}"
+        )
     return "\n".join(lines)
 
 

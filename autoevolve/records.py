@@ -320,7 +320,10 @@ class EvalReport(Record):
     run_id: str
     round: int
     split: Split
-    cells: dict[str, Cell] = Field(description="Keys: base_original, base_evolved, adapter_original, adapter_evolved.")
+    cells: dict[str, Cell] = Field(
+        description="Keys: base_original, base_evolved, adapter_original, adapter_evolved; base_grammar (the original "
+        "config decoding under the tool-call grammar) when the evolved config uses it."
+    )
     decision: Literal["promote", "reject", "report"]
     reason: str
     gain: float = Field(default=0.0, description="adapter_original - base_original: what distillation added.")
@@ -330,6 +333,11 @@ class EvalReport(Record):
     )
     retention: float | None = Field(
         default=None, description="gain / (base_evolved - base_original); None when the evolved config gained nothing."
+    )
+    grammar_retention: float | None = Field(
+        default=None,
+        description="gain / (base_grammar - base_original): the share of what the tool-call grammar alone gave the "
+        "live adapter that the new adapter keeps without it (test, when the evolved config decodes under it).",
     )
     guard: Guard | None = Field(default=None, description="The guard set's check (gate only, when configured).")
     tiers: dict[str, dict[str, float | int]] = Field(

@@ -70,6 +70,9 @@ def write_report(
         report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci), "test_p": test.p_value}
         report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci), "dev_p": dev.p_value}
         report["retention"] = {"test": test.retention, "dev": dev.retention}
+        if "base_grammar" in c:  # the evolved config decodes under the tool-call grammar
+            g = c["base_grammar"]
+            report["grammar"] = {"base_grammar": g.mean, "ci": list(g.ci), "retention": test.grammar_retention}
         report["prompt_tokens"] = {
             "original": c["base_original"].prompt_tokens,
             "evolved": c["base_evolved"].prompt_tokens,

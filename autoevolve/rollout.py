@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from autoevolve.envs import Environment, Episode
 from autoevolve.hcp import HCPConfig
-from autoevolve.policy import ChatRequest, Completion, Policy
+from autoevolve.policy import CallConstraint, ChatRequest, Completion, Policy
 from autoevolve.records import Message, Task, ToolCall, Trajectory
 from autoevolve.toolcall import PARALLEL_CALLS, CallError, check_arguments, parse, parse_all
 
@@ -93,7 +93,21 @@ def _request(hcp: HCPConfig, run: _Run, seed: int, cache_key: str) -> ChatReques
         top_p=s.top_p,
         max_new_tokens=s.max_new_tokens,
         seed=seed * 1000 + run.sample,
+        constrain=constraint(hcp, run.task),
         cache_key=cache_key,
+    )
+
+
+def constraint(hcp: HCPConfig, task: Task) -> CallConstraint | None:
+    """The tool-call constraint of a task's replies under ``decoding.constrain: tool_call`` (None when off); calls
+    through native tools are constrained as JSON call objects."""
+    if hcp.decoding.constrain != "tool_call":
+        return None
+    return CallConstraint(
+        tools=hcp.tools_for(task),
+        syntax="json" if hcp.tool_format == "native" else hcp.call_syntax,
+        parallel=bool(task.metadata.get(PARALLEL_CALLS)),
+        plan_line=hcp.scaffold.plan_first,
     )
 
 

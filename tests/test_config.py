@@ -56,6 +56,12 @@ def test_quickstart_loads() -> None:
             "distill: Value error, batch_size x grad_accum (6) must be a multiple of generations (4) for grpo",
         ),
         (
+            f"hcp: {ROOT}/prompts/bfcl.yaml\nenv: {{name: fncall, args: {{path: {ROOT}/autoevolve/envs/data/"
+            "bfcl_sample.jsonl}}\nmodel: {backend: openai}\nevolve: {mutators: [decoding]}\n",
+            "the decoding mutator would constrain calls written as python_list (tool_format json), which an "
+            "OpenAI-compatible server cannot; use call_syntax json or native tools",
+        ),
+        (
             f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, args: {{path: nope.jsonl}}}}\n",
             "env.args.path: file nope.jsonl not found",
         ),
@@ -106,6 +112,16 @@ def test_fncall_config_builds_its_environment() -> None:
     assert env.name == "fncall" and task.tools and len(env.tasks("dev")) == config.evolve.dev_tasks
     messages, _ = config.original_hcp().render(task)
     assert task.tools[0]["function"]["name"] in messages[0]["content"]
+
+
+def test_bfcl_config_reads_both_files_from_the_installed_package() -> None:
+    config = load_config(ROOT / "configs/bfcl.yaml")
+    env = config.env.make()
+    assert [p.name for p in env.paths] == ["BFCL_v4_simple_python.json", "BFCL_v4_multiple.json"]
+    assert [len(env.tasks(s)) for s in ("train", "dev", "test")] == [208, 64, 128] == [208, 64, config.gate.test_tasks]
+    original = config.original_hcp()
+    assert original.decoding.constrain == "none" and original.call_syntax == "python_list"
+    assert "decoding" in config.evolve.mutators
 
 
 def test_bad_hcp_file_names_that_file(tmp_path: Path) -> None:

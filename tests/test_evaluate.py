@@ -17,7 +17,7 @@ from autoevolve.evaluate import (
     sign_flip_p,
     with_guard,
 )
-from autoevolve.hcp import HCPConfig
+from autoevolve.hcp import Decoding, HCPConfig
 from autoevolve.records import Message, Trajectory
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
@@ -164,6 +164,30 @@ def test_evolved_cells_on_fewer_tasks_read_retention_on_those_tasks_only(tmp_pat
     assert report.retention == pytest.approx(4.0)  # gain 1.0 on those 4 tasks where the evolved prompt gained 0.25
     assert report.tiers["1"]["base_evolved"] == 0.5 and report.tiers["2"]["n_tasks"] == 4
     assert test.reason == "held-out table on 8 test tasks (evolved config on the first 4); it decides nothing"
+
+
+def test_a_grammar_evolved_config_adds_the_grammar_cell_and_its_retention(tmp_path) -> None:
+    """When the evolved config decodes under the tool-call grammar, the test table adds the live adapter under the
+    original config with the grammar alone, and the share of that gain the new adapter keeps without it."""
+    env = LifeEnv(tiers=(1,))
+    tasks = env.tasks("dev")[:4]  # stored as dev rollouts (_put)
+    evolved = ORIGINAL.model_copy(update={"decoding": Decoding(constrain="tool_call"), "tool_format": "python"})
+    grammar = ORIGINAL.model_copy(update={"decoding": Decoding(constrain="tool_call")})
+    with Store(tmp_path / "s.duckdb") as store:
+        _put(store, tasks, "", ORIGINAL, [0.0] * 4)
+        _put(store, tasks, "", grammar, [1.0, 1.0, 1.0, 1.0])
+        _put(store, tasks, "", evolved, [1.0] * 4)
+        _put(store, tasks, "L1@v2", ORIGINAL, [1.0, 1.0, 1.0, 0.0])
+        _put(store, tasks, "L1@v2", evolved, [1.0] * 4)
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        test = held_out(bench, ORIGINAL, evolved, "", "L1@v2", tasks)
+        free = ORIGINAL.model_copy(update={"tool_format": "python"})
+        _put(store, tasks, "", free, [1.0] * 4)
+        _put(store, tasks, "L1@v2", free, [1.0] * 4)
+        plain = held_out(bench, ORIGINAL, free, "", "L1@v2", tasks)
+    assert test.cells["base_grammar"].mean == 1.0 and test.cells["base_grammar"].hcp_id == grammar.id
+    assert test.grammar_retention == pytest.approx(0.75)
+    assert "base_grammar" not in plain.cells and plain.grammar_retention is None
 
 
 def _gate_trial(rng: random.Random, edge: float, n: int = 24, levels: int = 4) -> bool:

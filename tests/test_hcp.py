@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import Demo, Demos, HCPConfig, diff, render_tools
-from autoevolve.records import Message, ToolCall
+from autoevolve.records import Message, Task, ToolCall
 
 
 def test_id_is_content_hash_and_ignores_name(original: HCPConfig) -> None:
@@ -78,6 +78,35 @@ def test_nearest_demos_skip_the_task_itself_and_end_with_the_closest(env: LifeEn
     short = config.model_copy(update={"demos": config.demos.model_copy(update={"style": "first_call"})})
     assert len(short.render(tasks[3])[0]) == 2 + 2 * 2  # system, 2 demos x (request, call), request
     assert len(messages) > len(short.render(tasks[3])[0])
+
+
+def test_demos_can_be_retrieved_by_function_schema(original: HCPConfig) -> None:
+    """With match request_and_tools a task's tool and parameter names count: the demo calling the same function wins
+    even when another demo's request shares more words."""
+
+    def tool(name: str, *params: str) -> dict:
+        props = {p: {"type": "string"} for p in params}
+        return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": props}}}
+
+    def demo(task_id: str, request: str, name: str, **args: str) -> Demo:
+        call = ToolCall.make("c1", name, args)
+        return Demo(
+            task_id=task_id,
+            messages=[Message(role="user", content=request), Message(role="assistant", tool_calls=[call])],
+        )
+
+    task = Task(id="t", env="fncall", split="dev", tier=1, request="What is the weather like in Paris today?",
+                tools=[tool("weather_forecast", "city", "day")])  # fmt: skip
+    demos = [
+        demo("a", "How many people live in Paris?", "city_population", city="Paris"),
+        demo("b", "Will it rain in Rome?", "weather_forecast", city="Rome", day="today"),
+    ]
+    by_request = Demos(items=demos, select="nearest", k=1)
+    assert [d.task_id for d in by_request.for_task(task)] == ["a"]
+    by_schema = by_request.model_copy(update={"match": "request_and_tools"})
+    assert [d.task_id for d in by_schema.for_task(task)] == ["b"]
+    with_match = original.model_copy(update={"demos": by_schema})
+    assert with_match.id != original.model_copy(update={"demos": by_request}).id
 
 
 def test_tool_renderings_differ(original: HCPConfig) -> None:

@@ -32,7 +32,7 @@ from autoevolve.envs.bfcl_scoring import (
     signature,
     skip_reason,
 )
-from autoevolve.envs.taskfile import seeded_split
+from autoevolve.envs.taskfile import data_file, seeded_split
 from autoevolve.records import Message, Split, Task, ToolCall
 from autoevolve.toolcall import PARALLEL_CALLS
 
@@ -236,6 +236,16 @@ def _metadata(source: str, category: str) -> dict[str, Any]:
     return {"bfcl_id": source, "category": category, **parallel}
 
 
+def _answers_of(path: Path, answers: str | Path | None) -> Path | None:
+    """A data file's answers file: the one named, else ``possible_answer/<same name>`` beside it if present."""
+    if answers is not None:
+        if not Path(answers).is_file():
+            raise ValueError(f"no answers file at {answers}")
+        return Path(answers)
+    default = path.parent / "possible_answer" / path.name
+    return default if default.is_file() else None
+
+
 def _functions(value: Any, where: str) -> list[dict[str, Any]]:
     """The function docs of a line: a list of {name, description, parameters}, or one such dict."""
     functions = [value] if isinstance(value, dict) else value
@@ -256,7 +266,7 @@ class FncallEnv:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | list[str | Path],
         answers: str | Path | None = None,
         seed: int = 0,
         tiers: Sequence[int] = (1, 2),
@@ -264,23 +274,27 @@ class FncallEnv:
         n_dev: int = 64,
         n_test: int = 96,
     ) -> None:
-        self.path, self.seed = Path(path), seed
-        if not self.path.is_file():
-            raise ValueError(f"no data file at {self.path}; point the env's path at a BFCL-format .json(l) file")
-        default = self.path.parent / "possible_answer" / self.path.name
-        self.answers = Path(answers) if answers is not None else (default if default.is_file() else None)
-        if self.answers is not None and not self.answers.is_file():
-            raise ValueError(f"no answers file at {self.answers}")
+        paths = [data_file(p) for p in (path if isinstance(path, list) else [path])]
+        if not paths:
+            raise ValueError("path is an empty list; name one BFCL-format data file or more")
+        if answers is not None and len(paths) > 1:
+            raise ValueError("answers names one file, for one data file: leave it out to read each data file's own")
+        self.paths, self.seed = paths, seed
         sizes = {"train": n_train, "dev": n_dev, "test": n_test}
         if min(sizes.values()) < 0:
             raise ValueError(f"split sizes must be >= 0, got {sizes}")
         self.skipped: dict[str, int] = {}  # questions left out, per reason (see notes())
-        wanted = set(tiers)
-        usable = [t for t in self._load() if t.tier in wanted]
-        if not usable:
-            skips = f" ({'; '.join(self.notes())})" if self.skipped else ""
-            raise ValueError(f"{self.path}: no question with a ground truth and a tier in {tuple(tiers)}{skips}")
-        self._splits = self._split(usable, sizes)
+        self._splits: dict[Split, list[Task]] = {"train": [], "dev": [], "test": []}
+        seen: set[str] = set()
+        for file in paths:
+            usable = [t for t in self._load(file, _answers_of(file, answers), seen) if t.tier in set(tiers)]
+            if not usable:
+                skips = f" ({'; '.join(self.notes())})" if self.skipped else ""
+                raise ValueError(f"{file}: no question with a ground truth and a tier in {tuple(tiers)}{skips}")
+            # Each file is split on its own (the split of one file never depends on the others).
+            salt = f"fncall:{seed}" if len(paths) == 1 else f"fncall:{seed}:{file.name}"
+            for split, picked in seeded_split(len(usable), sizes, salt).items():
+                self._splits[split] += [usable[i].model_copy(update={"split": split}) for i in picked]
 
     def notes(self) -> list[str]:
         """One line per reason questions were skipped: 'skipped 4 questions: no ground truth (...)'."""
@@ -320,15 +334,16 @@ class FncallEnv:
                 messages.append(Message(role="tool", tool_call_id=call.id, content=ack))
         return messages
 
-    def _load(self) -> list[Task]:
-        """One task per question it can score, in file order (split is set later); the others counted in skipped."""
-        answers = {str(obj["id"]): (n, obj) for n, obj in _lines(self.answers)} if self.answers else {}
-        tasks, seen = [], set()
-        for number, obj in _lines(self.path):
-            where = f"{self.path}:{number}"
+    def _load(self, path: Path, answers_file: Path | None, seen: set[str]) -> list[Task]:
+        """One task per question of a file it can score, in file order (split is set later); the others counted in
+        skipped. ``seen`` holds the ids read so far, from every file."""
+        answers = {str(obj["id"]): (n, obj) for n, obj in _lines(answers_file)} if answers_file else {}
+        tasks = []
+        for number, obj in _lines(path):
+            where = f"{path}:{number}"
             source = str(obj["id"])
             if source in seen:
-                raise ValueError(f"{where}: duplicate id {source!r}; ids must be unique within a file")
+                raise ValueError(f"{where}: duplicate id {source!r}; ids must be unique across the data files")
             seen.add(source)
             category = category_of(source)
             reason = skip_reason(category, obj)
@@ -341,7 +356,7 @@ class FncallEnv:
                 truth = _ground_truth(obj["ground_truth"], where)
             else:
                 line, answer = answers[source]
-                truth = _ground_truth(answer.get("ground_truth"), f"{self.answers}:{line}")
+                truth = _ground_truth(answer.get("ground_truth"), f"{answers_file}:{line}")
             if "question" not in obj:
                 raise ValueError(f"{where}: missing 'question'; {FIX}")
             tools, names = to_openai_tools(_functions(obj.get("function"), where))
@@ -361,10 +376,3 @@ class FncallEnv:
                 )
             )
         return tasks
-
-    def _split(self, usable: list[Task], sizes: dict[str, int]) -> dict[str, list[Task]]:
-        """Seeded shuffle, then test, dev and train slices; each split keeps file order."""
-        picks = seeded_split(len(usable), sizes, f"fncall:{self.seed}")
-        return {
-            split: [usable[i].model_copy(update={"split": split}) for i in picked] for split, picked in picks.items()
-        }

@@ -8,8 +8,10 @@ Rows count from 1 (a CSV's header is not a row); every error names ``file:row``,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +34,31 @@ REFERENCE_FIX = (
     "give a list of OpenAI-format messages: assistant ones with content and/or tool_calls "
     "[{id, type: 'function', function: {name, arguments}}], then tool ones with content and tool_call_id"
 )
+
+
+PACKAGE_FILE = re.compile(r"([A-Za-z_][\w.]*):([^:]+)")  # 'bfcl_eval:data/BFCL_v4_multiple.json'
+PACKAGE_INSTALLS = {"bfcl_eval": "make bfcl (pip install --no-deps bfcl-eval)"}  # how to get packages a config reads
+
+
+def data_file(spec: str | Path) -> Path:
+    """A data file: a path, or 'package:relative/path' inside an installed Python package (found without importing
+    it). ValueError names the file or package and how to get it."""
+    text = str(spec)
+    match = PACKAGE_FILE.fullmatch(text)
+    if match is None or isinstance(spec, Path):
+        path = Path(spec)
+        if not path.is_file():
+            raise ValueError(f"no data file at {path}")
+        return path
+    package, inner = match.groups()
+    found = importlib.util.find_spec(package.split(".")[0])
+    if found is None or not found.submodule_search_locations:
+        how = PACKAGE_INSTALLS.get(package, f"pip install {package}")
+        raise ValueError(f"{text}: the package {package!r} is not installed; install it with {how}")
+    path = Path(next(iter(found.submodule_search_locations)), *package.split(".")[1:], inner)
+    if not path.is_file():
+        raise ValueError(f"{text}: the installed package {package!r} has no file {inner} (looked at {path})")
+    return path
 
 
 @contextmanager

@@ -78,8 +78,9 @@ class DemoBootstrap:
         styles: tuple[str, ...] = ("full", "first_call"),
         max_prompt_tokens: int | None = None,
         orders: tuple[str, ...] = ("nearest_last",),
+        matches: tuple[str, ...] = ("request",),
     ) -> None:
-        self.pool, self.ks, self.styles, self.orders = pool, ks, styles, orders
+        self.pool, self.ks, self.styles, self.orders, self.matches = pool, ks, styles, orders, matches
         self.max_prompt_tokens = max_prompt_tokens
 
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
@@ -99,7 +100,9 @@ class DemoBootstrap:
             raise ValueError("no successful train rollouts and no labelled solutions to take demos from")
         chosen.sort(key=lambda d: d.task_id)  # the order is fixed by content, not by draw order
         order = rng.choice(self.orders)
-        demos = Demos(items=chosen, select="nearest", k=rng.choice(self.ks), style=rng.choice(self.styles), order=order)
+        k, style = rng.choice(self.ks), rng.choice(self.styles)
+        match = self.matches[0] if len(self.matches) == 1 else rng.choice(self.matches)  # one: no draw, same stream
+        demos = Demos(items=chosen, select="nearest", k=k, style=style, order=order, match=match)
         return self._within_budget(parent.model_copy(update={"demos": demos}), evidence)
 
     @staticmethod
@@ -146,24 +149,20 @@ def _successes(trajs: list[Trajectory]) -> list[Demo]:
     return [Demo(task_id=t.task_id, messages=without_failed_calls(t.messages)) for t in ordered]
 
 
-PRESENTATIONS: list[tuple[ToolFormat, CallSyntax]] = [
-    ("json", "json"),
-    ("compact", "json"),
-    ("python", "python"),
-    ("python", "json"),
-    ("compact", "python"),
-]
-
-
 class ToolPresentation:
     """Another way of showing the tools (JSON schema, Python signatures, compact list) with a call syntax."""
 
     name = "tool_format"
     calls = 0
 
+    def __init__(self, presentations: list[tuple[ToolFormat, CallSyntax]] | None = None) -> None:
+        self.presentations = presentations or EvolveSettings().presentations
+
     def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a different (tool format, call syntax) pair, and demo style toggled half the time."""
-        options = [p for p in PRESENTATIONS if p != (parent.tool_format, parent.call_syntax)]
+        options = [p for p in self.presentations if p != (parent.tool_format, parent.call_syntax)]
+        if not options:
+            raise ValueError("no other tool presentation to try (evolve.presentations)")
         tool_format, call_syntax = rng.choice(options)
         update: dict = {"tool_format": tool_format, "call_syntax": call_syntax}
         if parent.demos.items and rng.random() < 0.5:
@@ -195,6 +194,18 @@ class ScaffoldSampling:
         return parent.model_copy(update={"call_syntax": "python" if parent.call_syntax == "json" else "json"})
 
 
+class ConstrainedDecoding:
+    """Decoding under the tool-call grammar, or free again (see autoevolve.grammar)."""
+
+    name = "decoding"
+    calls = 0
+
+    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+        """Parent with ``decoding.constrain`` switched between 'none' and 'tool_call'."""
+        constrain = "none" if parent.decoding.constrain == "tool_call" else "tool_call"
+        return parent.model_copy(update={"decoding": parent.decoding.model_copy(update={"constrain": constrain})})
+
+
 class Merge:
     """Combine two pool members that share an ancestor: each takes over the components it changed (GEPA's merge).
 
@@ -223,16 +234,18 @@ def make_mutators(settings: EvolveSettings, reflector: Any = None, adapter: str 
     for name in settings.mutators:
         if name == "demos":
             demo_k, styles = tuple(settings.demo_k), tuple(settings.demo_styles)
-            orders = tuple(settings.demo_orders)
-            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens, orders))
+            orders, matches = tuple(settings.demo_orders), tuple(settings.demo_matches)
+            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens, orders, matches))
         elif name == "reflective":
             from autoevolve.evolve.reflect import Reflective
 
             if reflector is None:
                 raise ValueError("the reflective mutator needs an optimiser policy")
             ops.append(Reflective(reflector, settings.reflection, frozen=settings.frozen, adapter=adapter))
+        elif name == "tool_format":
+            ops.append(ToolPresentation([tuple(p) for p in settings.presentations]))
         else:
-            ops.append({"tool_format": ToolPresentation, "scaffold": ScaffoldSampling, "merge": Merge}[name]())
+            ops.append({"scaffold": ScaffoldSampling, "decoding": ConstrainedDecoding, "merge": Merge}[name]())
     return ops
 
 

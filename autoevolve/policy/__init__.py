@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autoevolve.records import ToolCall
+
+
+class CallConstraint(BaseModel):
+    """A reply that must be a tool call (``decoding.constrain: tool_call``): one of ``tools`` in ``syntax``,
+    several in one reply when ``parallel``, after an optional 'Plan:' line when ``plan_line``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: list[dict[str, Any]]
+    syntax: Literal["json", "python", "python_list"]
+    parallel: bool = False
+    plan_line: bool = False
 
 
 class ChatRequest(BaseModel):
@@ -20,6 +32,9 @@ class ChatRequest(BaseModel):
     top_p: float = 1.0
     max_new_tokens: int = Field(default=96, gt=0)
     seed: int = 0
+    constrain: CallConstraint | None = Field(
+        default=None, description="Decode under a tool-call grammar (local) or the server's equivalent (OpenAI)."
+    )
     cache_key: str | None = Field(
         default=None,
         description="Requests with the same key may start from prompt tokens an earlier request with that key "

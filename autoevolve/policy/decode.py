@@ -131,11 +131,13 @@ class Decoder:
         top_p: float = 1.0,
         seed: int = 0,
         cache_key: str | None = None,
+        guides: list[Any] | None = None,
     ) -> list[list[int]]:
         """New tokens for each prompt, up to ``max_new``, without the stop token that ended it.
 
         Rows may start from keys and values stored by earlier calls with the same ``cache_key`` (see
-        ``autoevolve.policy.kvstore``); None: from the shared-prefix cache only.
+        ``autoevolve.policy.kvstore``); None: from the shared-prefix cache only. A row with a guide (see
+        ``autoevolve.grammar.Guide``) picks only tokens its grammar allows; guides turn prompt-lookup guessing off.
         """
         self.stats.calls += 1
         self.stats.rows += len(rows)
@@ -155,15 +157,18 @@ class Decoder:
 
         started = time.perf_counter()
         generator = torch.Generator().manual_seed(seed)
-        drafts = _Guesses([rows[i] for i in order]) if temperature <= 0 else None
+        guides = guides if guides and any(guides) else None
+        drafts = _Guesses([rows[i] for i in order]) if temperature <= 0 and guides is None else None
         out: list[list[int]] = [[] for _ in rows]
         active = order  # row of each live slot
         lengths = torch.tensor([len(rows[i]) for i in order])
         fed = torch.zeros(len(order), dtype=torch.long)  # generated tokens whose keys and values are in the cache
-        new = [[t] for t in _pick(logits, temperature, top_p, generator).tolist()]
+        new = [[t] for t in _pick(_masked(logits, order, guides), temperature, top_p, generator).tolist()]
         while True:
             keep = []
             for slot, (i, tokens) in enumerate(zip(active, new, strict=True)):
+                if guides is not None and guides[i] is not None:
+                    guides[i].take(tokens)
                 if self._append(out[i], tokens, max_new):
                     keep.append(slot)
                 elif cache_key is not None:  # the row ends: keep its prompt and the tokens it fed
@@ -184,7 +189,8 @@ class Decoder:
             hidden = self._decode(weights, ids, lengths + fed, prefix, cache, fed)
             self.stats.decode_steps += 1
             if width == 1:
-                new = [[t] for t in _pick(self._logits(hidden[:, 0]), temperature, top_p, generator).tolist()]
+                logits = _masked(self._logits(hidden[:, 0]), active, guides)
+                new = [[t] for t in _pick(logits, temperature, top_p, generator).tolist()]
                 fed += 1
                 continue
             best = self._logits(hidden).argmax(dim=-1).tolist()  # greedy: a guess stands while it is the argmax
@@ -503,6 +509,15 @@ class _Guesses:
         for n in NGRAMS:
             if at >= n:
                 index[n][tuple(context[at - n : at])] = at
+
+
+def _masked(logits: torch.Tensor, rows: list[int], guides: list[Any] | None) -> torch.Tensor:
+    """Logits (one per live slot, slot s holding row ``rows[s]``) with each guided row's forbidden tokens at -inf."""
+    if guides is not None:
+        for slot, i in enumerate(rows):
+            if guides[i] is not None:
+                guides[i].mask(logits[slot])
+    return logits
 
 
 def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> torch.Tensor:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 
 from autoevolve import model as model_loader
-from autoevolve.policy import ChatRequest, Completion
+from autoevolve.policy import CallConstraint, ChatRequest, Completion
 from autoevolve.policy.decode import Decoder, common_prefix, supports
 
 Engine = Literal["auto", "hf"]
@@ -34,6 +34,7 @@ class LocalPolicy:
         self.adapters: dict[str, str] = {}
         self.share_prefix = True  # without the decoder: a batch's common prompt prefix is computed once
         self.decoder = Decoder(self.base, self._stop_ids) if engine == "auto" and supports(self.base) else None
+        self._grammars: Any = None  # autoevolve.grammar.Grammars, made on the first constrained request
 
     def add_adapter(self, name: str, path: str) -> None:
         """Load a PEFT adapter folder under a name (a name already loaded is replaced)."""
@@ -70,7 +71,8 @@ class LocalPolicy:
                 chunk = idx[start : start + self.batch_size]
                 seed = requests[chunk[0]].seed
                 batch = [texts[i] for i in chunk]
-                results = self._batch(batch, adapter, temperature, top_p, max_new, seed, cache_key)
+                constraints = [requests[i].constrain for i in chunk]
+                results = self._batch(batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints)
                 for i, result in zip(chunk, results, strict=True):
                     out[i] = result
         return [c for c in out if c is not None]
@@ -93,11 +95,13 @@ class LocalPolicy:
         max_new: int,
         seed: int,
         cache_key: str | None = None,
+        constraints: list[CallConstraint | None] | None = None,
     ) -> list[Completion]:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
         try:
             ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+            guides = self._guides(constraints or [])
             torch.manual_seed(seed)
             kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self.tokenizer.pad_token_id}
             if temperature > 0:
@@ -114,8 +118,13 @@ class LocalPolicy:
                         top_p=top_p,
                         seed=seed,
                         cache_key=cache_key,
+                        guides=guides,
                     )
                 else:
+                    if guides:
+                        from transformers import LogitsProcessorList
+
+                        kwargs["logits_processor"] = LogitsProcessorList([GuidedLogits(guides)])
                     new = self._generate_shared_prefix(ids, kwargs).tolist()
         except Exception as exc:  # noqa: BLE001 - a broken batch becomes failed completions
             return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
@@ -126,6 +135,16 @@ class LocalPolicy:
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
             results.append(Completion(text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed))
         return results
+
+    def _guides(self, constraints: list[CallConstraint | None]) -> list[Any] | None:
+        """A grammar matcher per constrained row (None for a free one); None when no row is constrained."""
+        if not any(constraints):
+            return None
+        if self._grammars is None:
+            from autoevolve.grammar import Grammars
+
+            self._grammars = Grammars(self.tokenizer, self.base.lm_head.out_features)
+        return [self._grammars.guide(c) if c is not None else None for c in constraints]
 
     def _generate_shared_prefix(self, ids: list[list[int]], kwargs: dict[str, Any]) -> torch.Tensor:
         """Generate, computing the batch's common token prefix (system prompt, demos) once.
@@ -173,3 +192,20 @@ class LocalPolicy:
         eos = self.base.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         return {i for i in ids if i is not None} | ({self.tokenizer.pad_token_id} - {None})
+
+
+class GuidedLogits:
+    """``model.generate``'s view of per-row grammars: each step takes the row's last token, then masks its logits."""
+
+    def __init__(self, guides: list[Any]) -> None:
+        self.guides, self.started = guides, False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row, guide in enumerate(self.guides):
+            if guide is None:
+                continue
+            if self.started:
+                guide.take([int(input_ids[row, -1])])
+            guide.mask(scores[row])
+        self.started = True
+        return scores

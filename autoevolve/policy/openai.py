@@ -136,6 +136,11 @@ class OpenAIPolicy:
         }
         if request.tools:
             kwargs["tools"] = request.tools
+        if request.constrain is not None:
+            try:
+                kwargs |= constrained(request)
+            except ValueError as exc:
+                return Completion(error=str(exc))
         attempts = [0]
         _ATTEMPTS.set(attempts)  # this request's task has its own context: the hook counts its attempts alone
         # The client's backoff sleeps inside the gate: a struggling server (429, 5xx) gets fewer requests, not more.
@@ -151,6 +156,25 @@ class OpenAIPolicy:
         self.stats["retries"] += max(attempts[0] - 1, 0)
         self.stats["failed"] += bool(completion.error)
         return completion.model_copy(update={"latency_s": time.perf_counter() - started})
+
+
+def constrained(request: ChatRequest) -> dict[str, Any]:
+    """The chat-completion parameters that hold a reply to a tool call, by the OpenAI spec: with native tools,
+    ``tool_choice: "required"`` (and ``parallel_tool_calls`` as the task allows); with calls written as JSON text,
+    ``response_format`` with the calls' JSON schema (structured outputs). Calls in Python syntax have no equivalent
+    in the API: ValueError says what to change."""
+    spec = request.constrain
+    if request.tools:
+        return {"tool_choice": "required", "parallel_tool_calls": spec.parallel}
+    if spec.syntax != "json":
+        raise ValueError(
+            f"decoding.constrain 'tool_call' with call_syntax {spec.syntax!r}: an OpenAI-compatible server has no "
+            "grammar for calls in Python syntax; use tool_format 'native' or call_syntax 'json', or a local model"
+        )
+    from autoevolve.grammar import json_schema
+
+    schema = {"name": "tool_call", "schema": json_schema(spec), "strict": False}
+    return {"response_format": {"type": "json_schema", "json_schema": schema}}
 
 
 def _completion(response: Any) -> Completion:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -490,3 +491,42 @@ def test_parallel_references_put_every_call_in_one_reply(par: FncallEnv) -> None
         for syntax in ("json", "python"):
             wire, _ = hcp.model_copy(update={"call_syntax": syntax}).render(task, messages)
             assert parse_all(wire[2]["content"], names) == calls
+
+
+BFCL_FILES = ["bfcl_eval:data/BFCL_v4_simple_python.json", "bfcl_eval:data/BFCL_v4_multiple.json"]
+
+
+def test_bfcl_files_from_the_installed_package_split_one_by_one() -> None:
+    """configs/bfcl.yaml's data: both files read from bfcl-eval, each split on its own (sizes per file, seeded), ground
+    truth from possible_answer/; adding a file leaves the other's split as it was alone."""
+    both = FncallEnv(BFCL_FILES, n_train=104, n_dev=32, n_test=64)
+    counts = {s: Counter(t.metadata["category"] for t in both.tasks(s)) for s in SPLITS}
+    assert counts == {
+        "train": {"simple_python": 104, "multiple": 104},
+        "dev": {"simple_python": 32, "multiple": 32},
+        "test": {"simple_python": 64, "multiple": 64},
+    }
+    ids = [t.id for s in SPLITS for t in both.tasks(s)]
+    assert len(ids) == len(set(ids)) == 400
+    again = FncallEnv(list(reversed(BFCL_FILES)), n_train=104, n_dev=32, n_test=64)
+    assert {t.id for t in again.tasks("test")} == {t.id for t in both.tasks("test")}
+    answers = _json_lines(Path(both.paths[0]).parent / "possible_answer" / "BFCL_v4_simple_python.json")
+    task = both.tasks("test")[0]
+    assert task.goal["ground_truth"] == answers[task.metadata["bfcl_id"]]["ground_truth"]
+    ((name, params),) = task.goal["ground_truth"][0].items()
+    call = (both.start(task).tool_of[name], {p: values[0] for p, values in params.items() if values[0] != ""})
+    assert _score(both, task, call)[0] == 1.0
+
+
+def _json_lines(path: Path) -> dict[str, Any]:
+    """A BFCL file's lines by id."""
+    return {row["id"]: row for row in map(json.loads, path.read_text().splitlines())}
+
+
+def test_a_package_file_that_is_missing_says_how_to_get_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"the package 'no_such_pkg' is not installed; install it with pip install"):
+        FncallEnv("no_such_pkg:data/x.json")
+    with pytest.raises(ValueError, match=r"installed package 'bfcl_eval' has no file data/nope.json"):
+        FncallEnv("bfcl_eval:data/nope.json")
+    with pytest.raises(ValueError, match="answers names one file, for one data file"):
+        FncallEnv(BFCL_FILES, answers=tmp_path / "a.json")

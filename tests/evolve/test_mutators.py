@@ -48,7 +48,7 @@ def _reflective(component: str, reply: str) -> tuple[Reflective, Scripted]:
     return Reflective(optimiser, ReflectionSettings(components=[component])), optimiser
 
 
-@pytest.mark.parametrize("name", ["demos", "tool_format", "scaffold", "reflective"])
+@pytest.mark.parametrize("name", ["demos", "tool_format", "scaffold", "decoding", "reflective"])
 def test_each_mutator_gives_a_valid_different_child_from_a_fixed_seed(env, original, name) -> None:
     settings = EvolveSettings(mutators=[name], demo_pool=4, reflection=ReflectionSettings(components=["system_prompt"]))
     [op] = make_mutators(settings, Scripted([GOOD_REPLIES["system_prompt"]]))
@@ -183,3 +183,15 @@ def test_demo_bootstrap_gives_every_tier_in_play_its_share(original) -> None:
     picked = [tiers[d.task_id] for d in child.demos.items]
     assert picked.count(1) == 3 and picked.count(2) == 3  # without shares: six tier-1 successes, no tier-2 demo
     assert {d.task_id for d in child.demos.items if tiers[d.task_id] == 1} <= {t.id for t in wins}
+
+
+def test_decoding_switches_the_grammar_and_presentations_come_from_the_settings(original) -> None:
+    settings = EvolveSettings(mutators=["decoding", "tool_format"], presentations=[("json", "python_list")])
+    decoding, presentation = make_mutators(settings)
+    on = decoding.propose(original, Evidence([], {}), random.Random(0))
+    assert on.decoding.constrain == "tool_call" and on.model_copy(update={"decoding": original.decoding}) == original
+    assert decoding.propose(on, Evidence([], {}), random.Random(0)).decoding.constrain == "none"
+    child = presentation.propose(original, Evidence([], {}), random.Random(0))
+    assert (child.tool_format, child.call_syntax) == ("json", "python_list")
+    with pytest.raises(ValueError, match="no other tool presentation to try"):
+        presentation.propose(child, Evidence([], {}), random.Random(0))
