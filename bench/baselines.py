@@ -8,6 +8,8 @@ same labels and training budget, on the same test tasks under the original confi
   the original config with the base model at select.temperature (as many rollouts as the loop's plan, evolve and
   select stages made), the full-reward ones kept, LoRA SFT for the loop's step count.
 - no_refs: the loop with ``evolve.references: false``: demos only from the model's own successes (rewards, no labels).
+- sft_truth (asked for by name): LoRA SFT on the ground-truth solutions of the train tasks the loop distilled (as
+  many as it kept, each task's reference instead of the model's own winning rollout), the loop's step count.
 
 Each arm has its own store and run folder under trajectories/baselines/RUN_ID/seedS/ARM; a re-run reuses what is
 stored (every rollout, every trained adapter). Per arm: the labels it saw, the rollouts that made its training data,
@@ -18,6 +20,8 @@ each arm averaged over the seeds task by task, with its interval and the same ch
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/baselines.py [--seeds 0 1 2]
      (make bench-baselines runs three seeds)
+     .venv/bin/python bench/baselines.py --config configs/bfcl.yaml --arms loop sft_truth --loop-in-place
+     (the loop arm reads back the finished ``autoevolve run`` of the config instead of running its own)
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from _shared import paired_gain, write_json  # noqa: E402
 
-ARMS = ("loop", "sft_refs", "rft", "no_refs")
+ARMS = ("loop", "sft_refs", "rft", "no_refs", "sft_truth")
+DEFAULT_ARMS = ARMS[:4]
 DATA_STAGES = ("plan", "evolve", "select")  # the rollouts that choose and make training data (not gate, report)
 
 
@@ -53,8 +58,11 @@ class Arm:
     note: str
 
 
-def arm_config(config: Any, arm: str) -> Any:
-    """The run config of an arm: its own store and run folder; no_refs without labelled references."""
+def arm_config(config: Any, arm: str, in_place: bool = False) -> Any:
+    """The run config of an arm: its own store and run folder (the loop's own with ``in_place``); no_refs without
+    labelled references."""
+    if in_place and arm == "loop":
+        return config
     home = ROOT / "trajectories" / "baselines" / str(config.run_id) / f"seed{config.seed}" / arm
     update: dict[str, Any] = {"store": home / "store.duckdb", "run_dir": home / "runs"}
     if arm == "no_refs":
@@ -87,14 +95,14 @@ def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
     return sorted(shown)
 
 
-def run_loop(config: Any, arm: str, policy: Any) -> tuple[Arm, dict[str, Any]]:
+def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tuple[Arm, dict[str, Any]]:
     """Run (or read back) the loop under an arm's config; its served expert's test rewards (read back from its
     report stage; scored here when no round reached one) and what it spent."""
     from autoevolve.records import TaskPlan
     from autoevolve.store import Store
     from flows.loop import loop_flow
 
-    cfg = arm_config(config, arm)
+    cfg = arm_config(config, arm, in_place)
     loop_flow(cfg)
     run_id, env = str(cfg.run_id), cfg.env.make()
     with Store(cfg.store, read_only=True) as store:
@@ -108,6 +116,7 @@ def run_loop(config: Any, arm: str, policy: Any) -> tuple[Arm, dict[str, Any]]:
             "references": references_shown(store, run_id, env),
             "rollouts": sum(len(store.trajectories(run_id, stage=s)) for s in DATA_STAGES),
             "steps": sum(r["steps"] for r in results),
+            "distilled": [i.task_id for a in trained if a.selection_id for i in store.selection(a.selection_id).items],
         }
     rewards = score(policy, cfg, served.ref, served.path) if served else score(policy, cfg)
     note = f"serves {served.ref if served else 'the base model'}; {len(trained)} adapter(s) trained"
@@ -157,17 +166,27 @@ def score(policy: Any, config: Any, adapter: str = "", path: str | None = None) 
 
 def sft_refs(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
     """LoRA SFT on the references the loop showed, under the original config, the loop's step count."""
+    return sft_on(policy, config, "sft_refs", facts, facts["references"], "references of the loop's demos")
 
-    cfg = arm_config(config, "sft_refs")
+
+def sft_truth(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
+    """LoRA SFT on the ground-truth solutions of the train tasks the loop distilled, the loop's step count."""
+    return sft_on(policy, config, "sft_truth", facts, facts["distilled"], "ground truths of the tasks it distilled")
+
+
+def sft_on(policy: Any, config: Any, arm: str, facts: dict[str, Any], task_ids: list[str], what: str) -> Arm:
+    """An arm that trains LoRA SFT on the references of the given train tasks, under the original config, for the
+    loop's step count (the base model when there are none)."""
+    cfg = arm_config(config, arm)
     env, original = cfg.env.make(), cfg.original_hcp()
     tasks = {t.id: t for t in env.tasks("train")}
-    examples = [original.render(tasks[i], env.reference(tasks[i]))[0] for i in facts["references"]]
+    examples = [original.render(tasks[i], env.reference(tasks[i]))[0] for i in task_ids]
     if not examples:
-        return Arm("sft_refs", 0, 0, 0, 0, 0.0, score(policy, cfg), "no references shown: the base model")
+        return Arm(arm, 0, 0, 0, 0, 0.0, score(policy, cfg), f"no {what}: the base model")
     result = train_matched(examples, cfg, Path(cfg.run_dir) / "adapter", facts["steps"])
-    rewards = score(policy, cfg, "sft_refs", result.path)
-    note = f"{len(examples)} references of the loop's demos"
-    return Arm("sft_refs", len(examples), 0, result.steps, result.examples, result.seconds, rewards, note)
+    rewards = score(policy, cfg, arm, result.path)
+    note = f"{len(examples)} {what}"
+    return Arm(arm, len(examples), 0, result.steps, result.examples, result.seconds, rewards, note)
 
 
 def rft(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
@@ -243,18 +262,20 @@ def checks(arms: list[Arm]) -> list[str]:
     return out
 
 
-def run_seed(config: Any, names: list[str], policy: Any) -> tuple[list[Arm], dict[str, Any], Any]:
+def run_seed(
+    config: Any, names: list[str], policy: Any, in_place: bool = False
+) -> tuple[list[Arm], dict[str, Any], Any]:
     """Every arm for one seed (the loop first): the arms, the loop's facts, and the policy (loaded once)."""
     from autoevolve.loop import make_policy
 
-    loop, facts = run_loop(config, "loop", policy := policy or make_policy(config))
+    loop, facts = run_loop(config, "loop", policy := policy or make_policy(config), in_place)
     arms = [loop]
     for name in [a for a in names if a != "loop"]:
         print(f"== seed {config.seed}: {name}", flush=True)
         if name == "no_refs":
             arms.append(run_loop(config, "no_refs", policy)[0])
             continue
-        arms.append({"sft_refs": sft_refs, "rft": rft}[name](policy, config, facts))
+        arms.append({"sft_refs": sft_refs, "rft": rft, "sft_truth": sft_truth}[name](policy, config, facts))
     return arms, facts, policy
 
 
@@ -284,14 +305,17 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "quickstart.yaml")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="loop always runs first")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(DEFAULT_ARMS), help="loop always runs first")
     parser.add_argument("--seeds", nargs="+", type=int, help="run seeds (train subsets); default: the config's")
     parser.add_argument("--json", type=Path, default=ROOT / "trajectories" / "baselines" / "baselines.json")
+    parser.add_argument(
+        "--loop-in-place", action="store_true", help="read the loop arm from the config's own store (one seed)"
+    )
     args = parser.parse_args()
     config = load_config(args.config)
     started, policy, runs, body = time.perf_counter(), None, [], {"config": str(args.config), "seeds": []}
     for seed in args.seeds or [config.seed]:
-        arms, facts, policy = run_seed(config.model_copy(update={"seed": seed}), args.arms, policy)
+        arms, facts, policy = run_seed(config.model_copy(update={"seed": seed}), args.arms, policy, args.loop_in_place)
         lines, rows = table(arms)
         head = f"{config.run_id}, seed {seed}: {len(arms[0].rewards)} test tasks, original config"
         print("\n".join([head, *lines, "", *checks(arms), ""]))

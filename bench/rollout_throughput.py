@@ -16,8 +16,12 @@ beat B x (copy rate / weight bytes) tokens/s, with the copy rate measured here) 
 FLOPs per weight of the matrix products, which run at most at the rate measured here for the decoder's own
 product at B rows). Then whole multi-step episodes (rollouts/s, what a round pays for), and DuckDB ingest as a
 round writes it: chunks of 64 trajectories of a round's shape into a growing store, median seconds per chunk.
+Last, what constrained decoding costs per token: the fncall sample's first calls decoded free and under the
+tool-call grammar (decoder, default dtype), decode milliseconds per generated token from the decoder's own
+counters, and the grammar's mask and advance alone per token.
 
 Run: HF_HUB_OFFLINE=1 .venv/bin/python bench/rollout_throughput.py [--requests 64] [--repeats 3] [--json out.json]
+     (--grammar-only: the constrained-decoding table alone, a few minutes)
 """
 
 from __future__ import annotations
@@ -156,6 +160,68 @@ def episodes(modes: list[Mode], env: LifeEnv, hcps: dict[str, HCPConfig], n: int
     return result
 
 
+def grammar_cost(policy: LocalPolicy, n: int, repeats: int) -> dict[str, float]:
+    """Decode ms per generated token on the fncall sample's first calls, free and under the tool-call grammar
+    (medians of ``repeats`` after a warm-up), and the grammar's own mask-and-advance µs per token."""
+    from autoevolve.envs.fncall import SAMPLE, FncallEnv
+    from autoevolve.grammar import Guide
+    from autoevolve.rollout import constraint
+
+    env = FncallEnv(SAMPLE)
+    tasks = [t for s in ("train", "dev", "test") for t in env.tasks(s)][:n]
+    free = HCPConfig.from_yaml(ROOT / "prompts/bfcl.yaml")
+    constrained = free.model_copy(update={"decoding": free.decoding.model_copy(update={"constrain": "tool_call"})})
+    spent = {"mask": 0.0, "tokens": 0}
+    mask, take = Guide.mask, Guide.take
+
+    def timed(fn: Callable, count: bool) -> Callable:
+        def wrapper(self: Guide, arg: object) -> None:
+            started = time.perf_counter()
+            fn(self, arg)
+            spent["mask"] += time.perf_counter() - started
+            spent["tokens"] += count
+
+        return wrapper
+
+    out: dict[str, float] = {}
+    for name, hcp in (("free", free), ("grammar", constrained)):
+        requests = []
+        for task in tasks:
+            messages, tools = hcp.render(task)
+            limit = hcp.sampling.max_new_tokens
+            requests.append(
+                ChatRequest(messages=messages, tools=tools, max_new_tokens=limit, constrain=constraint(hcp, task))
+            )
+        per_token = []
+        for repeat in range(repeats + 1):
+            stats = policy.decoder.stats
+            before = (stats.decode_s, stats.decode_tokens)
+            Guide.mask, Guide.take = timed(mask, True), timed(take, False)
+            try:
+                policy.generate(requests)
+            finally:
+                Guide.mask, Guide.take = mask, take
+            if repeat:
+                per_token.append((stats.decode_s - before[0]) * 1e3 / max(stats.decode_tokens - before[1], 1))
+        out[f"{name}_ms_per_token"] = statistics.median(per_token)
+    out["grammar_us_per_token"] = spent["mask"] * 1e6 / max(spent["tokens"], 1)
+    return out
+
+
+def print_grammar(policy: LocalPolicy, n: int, repeats: int) -> dict[str, float]:
+    """The constrained-decoding table."""
+    cost = grammar_cost(policy, n, repeats)
+    print(f"\nConstrained decoding, {n} fncall first calls, decoder ({str(policy.base.dtype).removeprefix('torch.')}), "
+          f"median of {repeats}")  # fmt: skip
+    print(f"{'decoding':<12}{'decode ms/token':>16}")
+    for name in ("free", "grammar"):
+        print(f"{name:<12}{cost[f'{name}_ms_per_token']:>16.2f}")
+    ratio = cost["grammar_ms_per_token"] / cost["free_ms_per_token"]
+    print(f"grammar / free: {ratio:.2f}x per decoded token (the grammar turns prompt-lookup guessing off); its mask "
+          f"and advance alone: {cost['grammar_us_per_token']:.0f} µs per token")  # fmt: skip
+    return cost | {"ratio": ratio}
+
+
 def round_shaped(n: int) -> list[Trajectory]:
     """n trajectories of a round's shape: the life environment's reference conversations over tiers 1-3 (one to
     three tool calls), with the fields a rollout fills."""
@@ -211,7 +277,13 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=32, help="chunks of 64 trajectories written per store path")
     parser.add_argument("--json", type=Path, default=None, help="also write the tables here")
     parser.add_argument("--ingest-only", action="store_true", help="only the store ingest table")
+    parser.add_argument("--grammar-only", action="store_true", help="only the constrained-decoding table")
     args = parser.parse_args()
+    if args.grammar_only:
+        cost = print_grammar(LocalPolicy(batch_size=args.requests), 32, args.repeats)
+        if args.json:
+            write_json(args.json, {"grammar": cost})
+        return
     if args.ingest_only:
         ing = print_ingest(args.chunks)
         if args.json:
@@ -269,6 +341,7 @@ def main() -> None:
         print(f"{label:<24}{name:<10}{per_s:>12.2f}{ratio:>13.2f}x{reward:>9.3f}")
 
     ing = print_ingest(args.chunks)
+    grammar = print_grammar(auto, 32, args.repeats)
 
     best = min(row["ratio"] for row in table if row["mode"] == modes[4].label)
     ok = best >= TARGET and all(same.values())
@@ -281,7 +354,7 @@ def main() -> None:
     if args.json:
         write_json(args.json, {"copy_rate_gbs": rate / 1e9, "gflops": {k: v / 1e9 for k, v in flops.items()},
                                "generation": table, "episodes": episode_rows,
-                               "ingest": ing, "same_tokens": same, "pass": ok})  # fmt: skip
+                               "ingest": ing, "grammar": grammar, "same_tokens": same, "pass": ok})  # fmt: skip
 
 
 if __name__ == "__main__":
