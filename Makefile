@@ -8,7 +8,7 @@ export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 BFCL_VERSION := 2026.3.23
 
-.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-headroom
+.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-loop: install  # three rounds of configs/loop.yaml, about 30 minutes on 2 
 
 bench-baselines: install  # the quickstart round beside SFT on its references, RFT, the loop without labels; 3 seeds
 	$(PY) bench/baselines.py --seeds 0 1 2
+
+bench-bfcl: install  # one BFCL round (about 16 minutes on 2 cores), then SFT on the same ground truth beside it
+	$(VENV)/bin/autoevolve run configs/bfcl.yaml
+	$(PY) bench/baselines.py --config configs/bfcl.yaml --arms loop sft_truth --loop-in-place \
+		--json bench/results/baselines_bfcl.json
 
 bench-headroom: install  # tier-2 wins by adapter, demos and samples, after bench-loop; about 35 minutes
 	$(PY) bench/tier_headroom.py --adapter v1=trajectories/runs/loop/adapters/L1-life-v1 \
