@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoevolve.config import EvolveSettings
 from autoevolve.curriculum import seeded_train
 from autoevolve.envs import Environment
 from autoevolve.evolve.budget import Budget
@@ -26,6 +25,7 @@ from autoevolve.hcp import COMPONENTS, HCPConfig, diff
 from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Candidate, Task, Trajectory
 from autoevolve.rollout import ENDPOINT_ERROR
+from autoevolve.stage_settings import EvolveSettings
 from autoevolve.workbench import Workbench, mean
 
 __all__ = ["EvolveResult", "evolve", "make_mutators", "train_tasks"]

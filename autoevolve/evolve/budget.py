@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoevolve.config import BudgetSettings
 from autoevolve.records import Task, Trajectory
+from autoevolve.stage_settings import BudgetSettings
 
 
 @dataclass

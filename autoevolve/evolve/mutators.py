@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autoevolve.config import EvolveSettings
 from autoevolve.hcp import COMPONENTS, CallSyntax, Demo, Demos, HCPConfig, ToolFormat
 from autoevolve.records import Message, Task, Trajectory, without_failed_calls
+from autoevolve.stage_settings import EvolveSettings
 
 TokenCounter = Callable[[list[dict[str, Any]], "list[dict] | None"], int]
 

@@ -17,11 +17,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from autoevolve.config import ReflectionSettings
 from autoevolve.evolve.mutators import Evidence, ProposalError
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Trajectory
+from autoevolve.stage_settings import ReflectionSettings
 from autoevolve.toolcall import clip
 
 PLACEHOLDERS = ("{tools}", "{call_format}", "{memory}", "{routing}")

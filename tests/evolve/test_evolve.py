@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from autoevolve.config import BudgetSettings, EvolveSettings
 from autoevolve.envs.life import LifeEnv, _book_args
 from autoevolve.evolve import evolve, make_mutators, train_tasks
 from autoevolve.evolve.mutators import ScaffoldSampling
 from autoevolve.hcp import COMPONENTS, HCPConfig
 from autoevolve.policy import ChatRequest, Completion
+from autoevolve.stage_settings import BudgetSettings, EvolveSettings
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 from tests.test_rollout import Scripted

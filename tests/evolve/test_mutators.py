@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from autoevolve.config import EvolveSettings, ReflectionSettings
 from autoevolve.envs.life import LifeEnv
 from autoevolve.evolve import make_mutators
 from autoevolve.evolve.mutators import DemoBootstrap, Evidence, Merge, ProposalError, ToolPresentation, keep_frozen
 from autoevolve.evolve.reflect import Reflective, apply_reply
 from autoevolve.hcp import COMPONENTS, HCPConfig
 from autoevolve.records import Trajectory
+from autoevolve.stage_settings import EvolveSettings, ReflectionSettings
 from tests.test_rollout import Scripted
 
 GOOD_REPLIES = {
