@@ -101,7 +101,7 @@ def test_a_plan_line_may_come_first_when_the_scaffold_asks(grammars, tokenizer) 
     assert not _accepts(grammars, tokenizer, CallConstraint(tools=TOOLS, syntax="python"), text)
 
 
-def test_a_grammar_needs_tools(grammars) -> None:
+def test_a_grammar_needs_tools() -> None:
     with pytest.raises(ValueError, match="needs tools to call"):
         lark(CallConstraint(tools=[], syntax="json"))
 
