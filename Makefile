@@ -8,7 +8,7 @@ export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 BFCL_VERSION := 2026.3.23
 
-.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-headroom
+.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -66,6 +66,9 @@ bench-bfcl: install  # one BFCL round (about 16 minutes on 2 cores), then SFT on
 	$(VENV)/bin/autoevolve run configs/bfcl.yaml
 	$(PY) bench/baselines.py --config configs/bfcl.yaml --arms loop sft_truth --loop-in-place \
 		--json bench/results/baselines_bfcl.json
+
+bench-router-kv: install  # the router's switch: own harness, shared context, shared keys and values; about 10 minutes
+	$(PY) bench/router_kv.py
 
 bench-headroom: install  # tier-2 wins by adapter, demos and samples, after bench-loop; about 35 minutes
 	$(PY) bench/tier_headroom.py --adapter v1=trajectories/runs/loop/adapters/L1-life-v1 \

@@ -11,6 +11,7 @@ autoevolve export quickstart out/         a run's tables as Parquet folders part
 autoevolve registry list                  the LoRA experts and their live versions (also: show, promote, rollback,
                                           add-expert)
 autoevolve deploy configs/quickstart.yaml the run's Prefect deployments: the loop on its cron, stages on work pools
+autoevolve serve                          the registry's experts behind an OpenAI-compatible server, with the router
 """
 
 from __future__ import annotations
@@ -69,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     dep = sub.add_parser("deploy", help="create or update the run's Prefect deployments", description=_DEPLOY_HELP)
     dep.add_argument("config", help="run config YAML; its deploy: section has the cron, work pools and GPU job")
     dep.add_argument("--dry-run", action="store_true", help="print the deployments; contact no Prefect server")
+    _serve_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "registry":
         return _registry(args)
+    if args.command == "serve":
+        return _serve(args)
     if args.command in ("candidates", "diff", "selections", "inspect", "export"):
         try:
             return _read(args)
@@ -224,6 +228,90 @@ def _registry(args: argparse.Namespace) -> int:
     except registry.PromotionRolledBack as exc:
         print(f"autoevolve: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``serve`` command."""
+    srv = sub.add_parser(
+        "serve", help="serve the registry's experts over an OpenAI-compatible API", description=_SERVE_HELP
+    )
+    srv.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store with the registry (default {DEFAULT_STORE})")
+    srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    srv.add_argument("--model", help="base model (default: the experts' base model)")
+    srv.add_argument("--entry", help="the router's entry expert (default: the registry's tier-0 expert)")
+    srv.add_argument(
+        "--hcp",
+        action="append",
+        default=[],
+        metavar="EXPERT=FILE",
+        help="an expert's harness where its versions carry none, or for an expert with no live version",
+    )
+    srv.add_argument("--record", help="DuckDB file to store each served conversation in (run 'serve')")
+    srv.add_argument("--api-key-env", help="environment variable holding the key clients must send as a bearer token")
+    srv.add_argument("--batch-size", type=int, default=16, help="most requests of one adapter per batch (default 16)")
+    srv.add_argument(
+        "--switch",
+        choices=["own", "shared", "shared_kv"],
+        default="own",
+        help="how the expert the router chose takes the turn over: its own harness (default), the entry's context, "
+        "or the entry's context from the entry's keys and values (bench/router_kv.py)",
+    )
+
+
+_SERVE_HELP = (
+    "Serve the base model and every registered LoRA version on one copy of the weights, each under the HCP config "
+    "it was trained under: /v1/chat/completions (streaming, tools, tool_choice), /v1/models (each expert, each "
+    "version as NAME@vN, the base, the router), and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, so a "
+    "registry hook of kind vllm pointed here swaps versions without a restart. Model 'router' (or the entry "
+    "expert's name) serves the Mixture of LoRA. A request that opens with a system message is served as sent."
+)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Load the registry's adapters and serve them until interrupted (imported here: only this command needs them)."""
+    from autoevolve.hcp import HCPConfig
+    from autoevolve.model import EMBEDDED, base_model_id
+    from autoevolve.policy.local import LocalPolicy
+    from autoevolve.serving import open_fleet, recorder
+    from autoevolve.serving.app import run_server
+    from autoevolve.store import Store, StoreError
+
+    if not Path(args.store).is_file():
+        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
+        return 2
+    harnesses = {}
+    for item in args.hcp:
+        name, _, file = item.partition("=")
+        try:
+            harnesses[name] = HCPConfig.from_yaml(file)
+        except (OSError, ValueError) as exc:
+            print(
+                f"autoevolve: --hcp {item}: {exc} (write EXPERT=FILE, e.g. L1-life=prompts/life.yaml)", file=sys.stderr
+            )
+            return 2
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not key:
+        print(f"autoevolve: --api-key-env {args.api_key_env}: that variable is not set", file=sys.stderr)
+        return 2
+    try:
+        with Store.snapshot(args.store) as store:
+            bases = {e.base_model for e in store.experts()}
+    except StoreError as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return 2
+    model = args.model or (bases.pop() if len(bases) == 1 else EMBEDDED)
+    if model == base_model_id(EMBEDDED):
+        model = EMBEDDED  # the embedded copy of that model: no hub needed
+    print(f"autoevolve serve: loading {model} and the registry of {args.store}")
+    policy = LocalPolicy(model, batch_size=args.batch_size)
+    fleet = open_fleet(
+        args.store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
+    )
+    fleet.switch = args.switch
+    print(f"serving {', '.join(c['id'] for c in fleet.cards())} on http://{args.host}:{args.port}/v1")
+    run_server(fleet, args.host, args.port, key)
     return 0
 
 

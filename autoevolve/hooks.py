@@ -164,7 +164,7 @@ class VLLMHook:
 
     A server that already lists the served name with the live path (as its ``root``) is left alone, so a retry
     after a partial failure touches only the servers that still need it. Between unload and load the name is not
-    served on that server; requests for it in that gap are refused.
+    served on that server: vLLM refuses requests for it in that gap; ``autoevolve serve`` holds them for the load.
     """
 
     def __init__(self, settings: VLLMHookSettings) -> None:

@@ -360,6 +360,7 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
     )
     trained = TRAINERS[r.config.distill.trainer](job, r.config.distill)
     (Path(trained.path) / "train_result.json").write_text(trained.model_dump_json(indent=2))
+    registry.write_harness(trained.path, r.original)  # served under the config it learned under
     record = registry.register(
         store,
         name=name,

@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Literal
 
 from autoevolve.config import RegistrySettings
+from autoevolve.hcp import HCPConfig
 from autoevolve.hooks import Hook, HookFailure, PromotionEvent, fire_all, make_hook
 from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent, check_name
 from autoevolve.store import Store
+
+VERSION_FILE = "version.json"  # an adapter folder's registered name and version, written at registration
+HARNESS_FILE = "hcp.json"  # the HCP config the adapter was trained under, written by distillation
 
 
 class PromotionRolledBack(RuntimeError):
@@ -97,7 +101,30 @@ def register(
         selection_id=selection_id,
     )
     store.put_adapter(record)
+    (Path(path) / VERSION_FILE).write_text(json.dumps({"expert": name, "version": record.version}) + "\n")
     return record
+
+
+def write_harness(path: str | Path, hcp: HCPConfig) -> Path:
+    """Keep beside an adapter's weights the HCP config its training rendered under: the harness it is served with."""
+    out = Path(path) / HARNESS_FILE
+    out.write_text(hcp.model_dump_json(indent=2) + "\n")
+    return out
+
+
+def folder_harness(path: str | Path) -> HCPConfig | None:
+    """The HCP config an adapter folder was trained under (None when the folder does not say)."""
+    file = Path(path) / HARNESS_FILE
+    return HCPConfig.model_validate_json(file.read_text()) if file.is_file() else None
+
+
+def folder_version(path: str | Path) -> tuple[str, int] | None:
+    """The (expert, version) an adapter folder was registered as (None when it was not)."""
+    file = Path(path) / VERSION_FILE
+    if not file.is_file():
+        return None
+    body = json.loads(file.read_text())
+    return str(body["expert"]), int(body["version"])
 
 
 def decide(

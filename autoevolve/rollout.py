@@ -145,7 +145,7 @@ def apply(
     if completion.error:
         return True, f"{ENDPOINT_ERROR}{completion.error}"
     try:
-        calls = _calls_of(completion, hcp, task)
+        calls = calls_in(completion, hcp, task)
         if not calls:
             messages.append(Message(role="assistant", content=completion.text.strip(), adapter=adapter))
             return True, ""
@@ -175,7 +175,7 @@ def apply(
         return True, f"unknown tool: {exc}"
 
 
-def _calls_of(completion: Completion, hcp: HCPConfig, task: Task) -> list[tuple[str, dict]]:
+def calls_in(completion: Completion, hcp: HCPConfig, task: Task) -> list[tuple[str, dict]]:
     """The tool calls in a completion: the native ones if the backend parsed any, else the first parsed from text
     (all of them on a task that allows parallel calls)."""
     if completion.tool_calls:

@@ -104,9 +104,10 @@ def converse(
 ) -> Trajectory:
     """Serve a conversation (the task's request, then each follow-up) through the router; returns its trajectory.
 
-    Each user message starts at ``entry``; a ``change_model`` call hands the rest of the turn to that expert, which
-    sees the conversation without the routing exchange (its own config knows no ``change_model``). A failed turn
-    does not end the conversation; the trajectory keeps the first failure and scores 0.
+    Each user message starts at ``entry``, which sees that message alone (``latest_turn``); a ``change_model`` call
+    hands the rest of the turn to that expert, which sees the whole conversation without the routing exchange (its
+    own config knows no ``change_model``). A failed turn does not end the conversation; the trajectory keeps the
+    first failure and scores 0.
     """
     tool = change_model_tool(experts, entry)
     board = Switchboard(episode)
@@ -149,7 +150,7 @@ def _turn(
     for _ in range(max_steps):
         expert = served[current]
         view = task.model_copy(update={"tools": [tool] if current == entry else []})
-        history = messages if current == entry else [m for m in messages if not _routing(m, messages)]
+        history = latest_turn(messages) if current == entry else [m for m in messages if not _routing(m, messages)]
         rendered, tools = expert.hcp.render(view, history)
         s = expert.hcp.sampling
         request = ChatRequest(
@@ -167,6 +168,13 @@ def _turn(
         elif done:
             return ""
     return f"step limit: no final reply after {max_steps} model calls in one turn"
+
+
+def latest_turn(messages: list[Message]) -> list[Message]:
+    """What the entry expert decides on: the conversation from the user's latest message on, one request as the
+    router environment trains it (earlier turns belong to the experts that served them)."""
+    last = max(i for i, m in enumerate(messages) if m.role == "user")
+    return messages[last:]
 
 
 def _routing(message: Message, messages: list[Message]) -> bool:

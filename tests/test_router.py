@@ -122,3 +122,17 @@ def test_a_conversation_routes_l0_to_l1_and_back(tmp_path: Path, smol_policy) ->
     turn1 = back.messages[3:second]
     assert all(m.adapter == "L1-life@v1" for m in turn1 if m.role == "assistant")
     assert (back.messages[second + 1].role, back.messages[second + 1].adapter) == ("assistant", "L0-chat@v1")
+
+
+def test_the_router_env_can_read_its_experts_from_a_registry(tmp_path: Path) -> None:
+    with Store(tmp_path / "s.duckdb") as store:
+        for e in EXPERTS[:2]:
+            add_expert(store, e.name, e.base_model, e.tier, e.routing_rule)
+    with pytest.raises(ValueError, match="has no expert 'L2-code', which the router environment's requests need"):
+        RouterEnv(registry=str(tmp_path / "s.duckdb"))
+    with Store(tmp_path / "s.duckdb") as store:
+        add_expert(store, "L2-code", EXPERTS[2].base_model, 1, "Programs of any kind.")
+        add_expert(store, "L3-math", EXPERTS[2].base_model, 1, "Arithmetic.")
+    tool = RouterEnv(registry=str(tmp_path / "s.duckdb")).tools()[0]["function"]
+    assert tool["parameters"]["properties"]["model"]["enum"] == ["L1-life", "L2-code", "L3-math"]
+    assert "- L2-code: Programs of any kind." in tool["description"]

@@ -2,7 +2,8 @@
 
 Requests come from three experts' domains: bookings (the life environment's requests, for ``L1-life``), code
 (``L2-code``) and small talk, which the entry expert ``L0-chat`` answers itself. Every task offers the
-``change_model`` tool built from the experts' routing rules, as the router harness does from the registry. Reward 1
+``change_model`` tool built from the experts' routing rules, as the router harness does from the registry. With
+``registry`` (a store's path) the tool lists that registry's experts and rules, as ``autoevolve serve`` does. Reward 1
 for calling ``change_model`` with the right expert, or, when the entry expert is right, for answering without a
 call; 0 otherwise. One model call per task, so the entry expert's HCP config can be evolved and distilled with the
 same loop as any other expert's.
@@ -61,6 +62,22 @@ CODE_THINGS = [
 SPLIT_ORDER: tuple[Split, ...] = ("train", "dev", "test")
 
 
+def registry_experts(store_path: str) -> list[Expert]:
+    """The experts of a registry, as the served router's ``change_model`` lists them (names, routing rules); the
+    three domains' experts must be among them."""
+    from autoevolve.store import Store
+
+    with Store.snapshot(store_path) as store:
+        experts = store.experts()
+    missing = [e.name for e in EXPERTS if e.name not in {x.name for x in experts}]
+    if missing:
+        raise ValueError(
+            f"registry {store_path} has no expert {missing[0]!r}, which the router environment's requests need: "
+            f"autoevolve registry add-expert {missing[0]} --base-model ... --rule '...'"
+        )
+    return experts
+
+
 class RouterEpisode:
     """One request: which expert, if any, the entry expert handed it to."""
 
@@ -107,13 +124,15 @@ class RouterEnv:
         n_dev: int = 48,
         n_test: int = 48,
         entry: str = "L0-chat",
+        registry: str | None = None,
     ) -> None:
         if tuple(tiers) != (1,):
             raise ValueError(f"the router environment has one tier: set env.tiers: [1] (got {list(tiers)})")
         if entry not in {e.name for e in EXPERTS}:
             raise ValueError(f"entry expert {entry!r} is not one of {', '.join(e.name for e in EXPERTS)}")
         self.seed, self.entry = seed, entry
-        self.tool = change_model_tool(EXPERTS, entry)
+        self.experts = registry_experts(registry) if registry else EXPERTS
+        self.tool = change_model_tool(self.experts, entry)
         self._splits = self._build({"train": n_train, "dev": n_dev, "test": n_test})
 
     def tasks(self, split: Split) -> list[Task]:

@@ -40,6 +40,12 @@ class ChatRequest(BaseModel):
         description="Requests with the same key may start from prompt tokens an earlier request with that key "
         "computed (a local policy's KV store); never sent to a server. The rollout engine keys each batch of episodes.",
     )
+    reuse_kv_of: str | None = Field(
+        default=None,
+        description="Start from the keys and values another adapter ('': the bare base) computed for this prompt's "
+        "stored prefix instead of computing them under this request's adapter (a local policy's decoder; an "
+        "approximation). The router's option for the turn an expert takes over; never sent to a server.",
+    )
 
 
 class Completion(BaseModel):

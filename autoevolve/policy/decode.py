@@ -36,6 +36,7 @@ NGRAMS = (3, 2)  # a guess copies what followed the last occurrence of the row's
 PREFIXES_KEPT = 8  # shared prefixes kept: one per config and adapter in use is plenty
 ADAPTERS_KEPT = 4  # adapters whose stacked LoRA factors are kept
 
+OWN = object()  # Decoder.generate's kv_adapter default: the keys and values of the adapter that generates
 Layers = list[dict[str, Projection]]  # per layer: the projection groups (see autoevolve.policy.weights)
 STORE_BYTES = 1 << 30  # keys and values kept for later calls (about 45k tokens of SmolLM2-135M in bf16)
 
@@ -132,20 +133,27 @@ class Decoder:
         seed: int = 0,
         cache_key: str | None = None,
         guides: list[Any] | None = None,
+        kv_adapter: Any = OWN,
     ) -> list[list[int]]:
         """New tokens for each prompt, up to ``max_new``, without the stop token that ended it.
 
         Rows may start from keys and values stored by earlier calls with the same ``cache_key`` (see
         ``autoevolve.policy.kvstore``); None: from the shared-prefix cache only. A row with a guide (see
         ``autoevolve.grammar.Guide``) picks only tokens its grammar allows; guides turn prompt-lookup guessing off.
+        ``kv_adapter`` (an adapter's name, None for the bare base): take the prompt's stored keys and values from
+        what that adapter computed instead of this one's (an approximation: they depend on the weights; nothing
+        computed so is stored).
         """
         self.stats.calls += 1
         self.stats.rows += len(rows)
         started = time.perf_counter()
         weights = self._layers(adapter)
+        borrowed, kv_adapter = kv_adapter is not OWN, adapter if kv_adapter is OWN else kv_adapter
         shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
-        prefix = self._prefix(adapter, weights, rows[0][:shared])
-        starts = [self._stored(adapter, cache_key, r, shared) for r in rows]
+        if borrowed and len(rows) == 1:
+            shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover what they can
+        prefix = self._prefix(kv_adapter, self._layers(kv_adapter), rows[0][:shared])
+        starts = [self._stored(kv_adapter, cache_key, r, shared) for r in rows]
         fresh = [len(r) - shared - n for r, (_, n) in zip(rows, starts, strict=True)]
         order = sorted(range(len(rows)), key=lambda i: fresh[i])  # slot s holds row order[s]: chunks are slices
         own = [rows[i][shared:] for i in order]
@@ -171,7 +179,7 @@ class Decoder:
                     guides[i].take(tokens)
                 if self._append(out[i], tokens, max_new):
                     keep.append(slot)
-                elif cache_key is not None:  # the row ends: keep its prompt and the tokens it fed
+                elif cache_key is not None and kv_adapter == adapter:  # the row ends: keep its prompt and fed tokens
                     n = min(int(fed[slot]), len(out[i]))
                     self.store.add(cache.sequence(slot, adapter, cache_key, rows[i] + out[i][:n], prefix, n))
             if not keep:

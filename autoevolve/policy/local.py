@@ -16,7 +16,7 @@ import torch
 
 from autoevolve import model as model_loader
 from autoevolve.policy import CallConstraint, ChatRequest, Completion
-from autoevolve.policy.decode import Decoder, common_prefix, supports
+from autoevolve.policy.decode import OWN, Decoder, common_prefix, supports
 
 Engine = Literal["auto", "hf"]
 
@@ -62,9 +62,9 @@ class LocalPolicy:
         texts = [self._template(r) for r in requests]
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            groups[(r.temperature, r.top_p, r.max_new_tokens, r.cache_key)].append(i)
+            groups[(r.temperature, r.top_p, r.max_new_tokens, r.cache_key, r.reuse_kv_of)].append(i)
         out: list[Completion | None] = [None] * len(requests)
-        for (temperature, top_p, max_new, cache_key), idx in groups.items():
+        for (temperature, top_p, max_new, cache_key, reuse), idx in groups.items():
             # Sorting by text puts prompts that share demos side by side, so each batch shares a longer prefix.
             idx.sort(key=lambda i: texts[i])
             for start in range(0, len(idx), self.batch_size):
@@ -72,7 +72,7 @@ class LocalPolicy:
                 seed = requests[chunk[0]].seed
                 batch = [texts[i] for i in chunk]
                 constraints = [requests[i].constrain for i in chunk]
-                results = self._batch(batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints)
+                results = self._batch(batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints, reuse)
                 for i, result in zip(chunk, results, strict=True):
                     out[i] = result
         return [c for c in out if c is not None]
@@ -96,6 +96,7 @@ class LocalPolicy:
         seed: int,
         cache_key: str | None = None,
         constraints: list[CallConstraint | None] | None = None,
+        reuse_kv_of: str | None = None,
     ) -> list[Completion]:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
@@ -119,6 +120,7 @@ class LocalPolicy:
                         seed=seed,
                         cache_key=cache_key,
                         guides=guides,
+                        kv_adapter=OWN if reuse_kv_of is None else (reuse_kv_of or None),
                     )
                 else:
                     if guides:

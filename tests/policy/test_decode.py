@@ -175,3 +175,35 @@ def test_rows_leaving_move_only_the_live_rows_past_the_end(pair) -> None:  # noq
     assert moved == [3, 1, 4] and cache.lengths == [4, 5, 1]
     assert [int(cache.k[0][s].flatten()[0]) for s in range(3)] == [3, 1, 4]
     assert cache.k[0].data_ptr() == before and cache.k[0].shape[0] == 3  # a view of the same buffer
+
+
+def test_a_row_may_start_from_the_keys_and_values_another_adapter_computed(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
+    """The router's shared_kv switch: a lone row under adapter 'zero' continues a conversation the bare base
+    computed, from the base's stored keys and values; with B = 0 the two agree, so the tokens are the same."""
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import load
+
+    lm, _ = load(str(tiny_model_dir), "float32")
+    get_peft_model(lm, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path)  # B = 0
+    fast, _ = pair
+    fast.add_adapter("zero", str(tmp_path))
+    [first] = _requests(1, 6)
+    [said] = fast.generate([first.model_copy(update={"cache_key": "turn"})])
+    later = first.model_copy(
+        update={
+            "messages": [
+                *first.messages,
+                {"role": "assistant", "content": said.text},
+                {"role": "user", "content": "And tomorrow?"},
+            ]
+        }
+    )
+    stats = fast.decoder.stats
+    mark, computed = stats.reused_tokens, stats.prefill_tokens
+    [borrowed] = fast.generate([later.model_copy(update={"cache_key": "turn", "reuse_kv_of": ""})], "zero")
+    assert stats.reused_tokens - mark >= said.prompt_tokens - 1  # the base's stored prompt, not computed again
+    assert stats.prefill_tokens - computed < borrowed.prompt_tokens - said.prompt_tokens + 8
+    assert {s.adapter for s in fast.decoder.store.entries.values()} == {None}  # mixed keys and values are not kept
+    [own] = fast.generate([later], "zero")
+    assert _same_or_tied(fast, later, borrowed.text, own.text)

@@ -1,0 +1,217 @@
+"""The OpenAI chat-completions wire format: the request body the server reads and the JSON it answers with.
+
+Requests follow the chat-completions reference: ``messages`` (system/developer, user, assistant with
+``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
+``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``. Fields
+the server cannot honour (``n`` > 1, ``logprobs``, ``response_format`` other than text) are refused with a 400
+naming the field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
+``metadata`` (a string map in the reference) fills the harness's memory template (e.g. ``today``, ``user``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autoevolve.records import Message, ToolCall
+
+
+class WireError(ValueError):
+    """A request the server refuses: HTTP ``status``, the message names the field and the fix."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+    def body(self) -> dict[str, Any]:
+        """The error object of the OpenAI reference."""
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        code = "model_not_found" if self.status == 404 else None
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": code}}
+
+
+class ChatBody(BaseModel):
+    """A chat-completions request body."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, gt=0)
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    n: int = 1
+    logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatBody:
+        """Refuse what the server would otherwise silently ignore."""
+        if self.n != 1:
+            raise ValueError("n: one choice per request is served; send n=1 (or several requests)")
+        if self.logprobs:
+            raise ValueError("logprobs: not served; leave it unset")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format: only 'text' is served; for a tool call use tool_choice: required")
+        if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
+            raise ValueError(f"tool_choice: {self.tool_choice!r} is not none, auto, required or a named function")
+        return self
+
+    @property
+    def max_new(self) -> int | None:
+        """The completion's token limit, if the request sets one."""
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def stops(self) -> list[str]:
+        """Stop sequences (at most four, as the reference allows)."""
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4:
+            raise WireError("stop: at most 4 sequences", param="stop")
+        return stops
+
+    def forced_tool(self) -> str | None:
+        """The function ``tool_choice`` names, if it names one."""
+        if isinstance(self.tool_choice, dict):
+            name = (self.tool_choice.get("function") or {}).get("name")
+            if not name:
+                raise WireError(
+                    "tool_choice: a named choice is {type: function, function: {name: ...}}", param="tool_choice"
+                )
+            return name
+        return None
+
+
+def conversation(raw: list[dict[str, Any]]) -> tuple[list[Message], str | None]:
+    """The request's messages in canonical form, and its system text (system and developer messages joined; None
+    when it has none). WireError names the first message that breaks the reference's rules."""
+    messages: list[Message] = []
+    system: list[str] = []
+    for i, m in enumerate(raw):
+        role = m.get("role")
+        content = _text(m.get("content"), i)
+        if role in ("system", "developer"):
+            system.append(content)
+            continue
+        if role == "user":
+            messages.append(Message(role="user", content=content))
+        elif role == "assistant":
+            calls = [_call(c, i, j) for j, c in enumerate(m.get("tool_calls") or [])]
+            messages.append(Message(role="assistant", content=content, tool_calls=calls))
+        elif role == "tool":
+            if not m.get("tool_call_id"):
+                raise WireError(f"messages[{i}]: a tool message needs tool_call_id", param=f"messages[{i}]")
+            messages.append(Message(role="tool", content=content, tool_call_id=m["tool_call_id"]))
+        else:
+            raise WireError(f"messages[{i}].role: {role!r} is not system, developer, user, assistant or tool")
+    if not any(m.role == "user" for m in messages):
+        raise WireError("messages: the conversation needs a user message", param="messages")
+    return messages, "\n\n".join(system) if system else None
+
+
+def _text(content: Any, i: int) -> str:
+    """A message's content as text: a string, or text parts joined (other parts are refused)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise WireError(f"messages[{i}].content: only text parts are served", param=f"messages[{i}].content")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise WireError(f"messages[{i}].content: a string or a list of text parts", param=f"messages[{i}].content")
+
+
+def _call(call: dict[str, Any], i: int, j: int) -> ToolCall:
+    """One assistant tool call of the request."""
+    fn = call.get("function") or {}
+    arguments = fn.get("arguments", "{}")
+    if not isinstance(arguments, str):  # some clients send the object itself
+        arguments = json.dumps(arguments)
+    if not call.get("id") or not fn.get("name"):
+        raise WireError(f"messages[{i}].tool_calls[{j}]: needs an id and function.name", param=f"messages[{i}]")
+    return ToolCall(id=call["id"], function={"name": fn["name"], "arguments": arguments})
+
+
+@dataclass
+class Reply:
+    """What a request produced: the answering model, its text or calls, token counts, and (routed requests) the
+    routing exchange before the answer, as stored trajectories hold it."""
+
+    model: str
+    text: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: Literal["stop", "length", "tool_calls"] = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    routing: list[Message] = field(default_factory=list)
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message of the response."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.text if self.text or not self.calls else None}
+        if self.calls:
+            out["tool_calls"] = [c.model_dump() for c in self.calls]
+        return out
+
+    def usage(self) -> dict[str, int]:
+        """Token counts of the reference's ``usage`` object."""
+        total = self.prompt_tokens + self.completion_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": total}
+
+    def completion(self) -> dict[str, Any]:
+        """The ``chat.completion`` object."""
+        choice = {"index": 0, "message": self.message(), "finish_reason": self.finish_reason, "logprobs": None}
+        return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage()}
+
+    def chunks(self, include_usage: bool = False) -> list[dict[str, Any]]:
+        """The ``chat.completion.chunk`` objects of a streamed reply: the role, the text in pieces, each call, the
+        finish reason, and the usage when asked for (``stream_options.include_usage``)."""
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        deltas += [{"content": piece} for piece in _pieces(self.text)]
+        for i, call in enumerate(self.calls):
+            deltas.append({"tool_calls": [{"index": i, **call.model_dump()}]})
+        out = [self._chunk(d, None) for d in deltas] + [self._chunk({}, self.finish_reason)]
+        if include_usage:
+            out = [{**c, "usage": None} for c in out] + [
+                {**self._head("chat.completion.chunk"), "choices": [], "usage": self.usage()}
+            ]
+        return out
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def _pieces(text: str) -> list[str]:
+    """Text cut into word-sized pieces that join back to it exactly (each keeps the spaces before its word)."""
+    pieces, start = [], 0
+    for i in range(1, len(text)):
+        if text[i] in " \n" and text[i - 1] not in " \n":
+            pieces.append(text[start:i])
+            start = i
+    return [*pieces, text[start:]] if text else []
+
+
+def sse(chunks: list[dict[str, Any]]) -> list[str]:
+    """Server-sent events of a stream: one ``data:`` line per chunk, then ``data: [DONE]``."""
+    return [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
