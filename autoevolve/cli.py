@@ -117,7 +117,7 @@ _EVAL_HELP = (
     "Roll out an adapter under an HCP config on an environment's tasks, store the rollouts (run RUN-eval), print "
     "the mean reward with its 95% bootstrap interval and per tier, and write eval.json. With the defaults (the "
     "live adapter, the original config, the first gate.test_tasks test tasks) it scores what the round reported "
-    "as adapter_original."
+    "as new_original (the new adapter A_r+1 under the original config)."
 )
 
 
@@ -134,7 +134,7 @@ def _read(args: argparse.Namespace) -> int:
 
     Exit 2 with one line when the store, the run or a config is unknown, or the store cannot be read.
     """
-    from autoevolve.inspect import format_inspect
+    from autoevolve.inspection import format_inspect
     from autoevolve.lineage import (
         LineageError,
         config_diff,
@@ -337,7 +337,7 @@ def _run(config: RunConfig) -> int:
     from autoevolve.loop import check_run
     from autoevolve.store import Store, StoreError
     from autoevolve.workbench import EndpointDown
-    from flows.loop import loop_flow
+    from autoevolve_flows.loop_flow import loop_flow
 
     try:  # a store this code cannot write, or a run recorded otherwise, stops here before any model loads
         with Store(config.store) as store:
@@ -388,7 +388,7 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
 
 def _deploy(config: RunConfig, path: str, dry_run: bool) -> int:
     """Create or update the run's deployments (imported here: the library itself never imports Prefect)."""
-    from flows.deploy import DeployError, apply_deployments
+    from autoevolve_flows.deploy import DeployError, apply_deployments
 
     try:
         print("\n".join(apply_deployments(config, path, dry_run)))

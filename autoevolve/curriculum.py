@@ -19,7 +19,8 @@ from autoevolve.config import CurriculumSettings
 from autoevolve.envs import Environment
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Split, Task, TaskPlan
-from autoevolve.workbench import Workbench, mean
+from autoevolve.stats import mean
+from autoevolve.workbench import Workbench
 
 
 def in_play(tasks: list[Task], tiers: list[int]) -> list[Task]:

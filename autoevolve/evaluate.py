@@ -1,60 +1,22 @@
-"""The gate and the held-out table: {base, new adapter} x {original, evolved config}, with bootstrap intervals.
+"""The gate and the held-out table: {live adapter A_r, new adapter A_r+1} x {original, evolved config}, with
+bootstrap intervals (cell names and the table's text: ``autoevolve.twobytwo``).
 
-The promotion decision is made on dev tasks only: the new adapter with the original config must beat the base
-with it, and an exact paired sign-flip test of that gain must give p < alpha (0.025, one-sided: the level of a
-95% interval's lower end). The exact test holds its level on few tasks with 0/1 rewards, where a percentile
+The promotion decision is made on dev tasks only: the new adapter with the original config must beat the live
+adapter with it, and an exact paired sign-flip test of that gain must give p < alpha (0.025, one-sided: the level
+of a 95% interval's lower end). The exact test holds its level on few tasks with 0/1 rewards, where a percentile
 bootstrap interval is too narrow; the interval is reported beside it. Test tasks fill the report and decide
-nothing. Retention = gain / (base_evolved - base_original): how much of what the evolved prompt gave the
-base model the adapter now gives with the short original prompt.
+nothing. Retention = gain / (live_evolved - live_original): how much of what the evolved prompt gave the live
+adapter the new adapter now gives with the short original prompt. The functions here are the only writers of
+evaluations to the store (``_record``).
 """
 
 from __future__ import annotations
 
-import random
-from collections import defaultdict
-
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Cell, EvalReport, Guard, Task
-from autoevolve.workbench import Workbench, mean
-
-CELLS = ("base_original", "base_evolved", "adapter_original", "adapter_evolved")
-
-
-BOOTSTRAP = 2000  # resamples; the interval's ends move by well under 0.01 between seeds at this count
-ALPHA = 0.025  # the gate's one-sided level
-EXACT_SUMS = 200_000  # distinct sums the exact test may track; past that it draws sign flips instead
-FLIPS = 20_000  # sign-flip draws when it does
-
-
-def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap 95% interval of the mean (tasks resampled with replacement)."""
-    if not values:
-        return (0.0, 0.0)
-    rng = random.Random(seed)
-    n = len(values)
-    means = sorted(sum(rng.choices(values, k=n)) / n for _ in range(BOOTSTRAP))
-    return (round(means[int(0.025 * BOOTSTRAP)], 4), round(means[int(0.975 * BOOTSTRAP) - 1], 4))
-
-
-def sign_flip_p(diffs: list[float], seed: int = 0) -> float:
-    """One-sided p-value of a paired gain: the share of the 2^n ways of flipping the signs of the per-task
-    differences whose sum reaches the observed sum. Exact, by counting the sums each flip reaches (rewards on few
-    levels reach few sums); zero differences flip to themselves. Past ``EXACT_SUMS`` distinct sums, ``FLIPS`` seeded
-    random flips estimate it instead, (1 + hits) / (1 + draws)."""
-    steps = [round(abs(d) * 1e6) for d in diffs if round(abs(d) * 1e6)]  # integer micro-units: exact sums
-    observed = round(sum(diffs) * 1e6)
-    sums: dict[int, int] = {0: 1}
-    for step in steps:
-        reached: dict[int, int] = defaultdict(int)
-        for total, ways in sums.items():
-            reached[total + step] += ways
-            reached[total - step] += ways
-        sums = reached
-        if len(sums) > EXACT_SUMS:
-            rng = random.Random(seed)
-            hits = sum(sum(s if rng.random() < 0.5 else -s for s in steps) >= observed for _ in range(FLIPS))
-            return (1 + hits) / (1 + FLIPS)
-    return sum(ways for total, ways in sums.items() if total >= observed) / 2 ** len(steps)
+from autoevolve.stats import ALPHA, bootstrap_ci, mean, sign_flip_p
+from autoevolve.twobytwo import GRAMMAR
+from autoevolve.workbench import Workbench
 
 
 def cells(
@@ -65,9 +27,9 @@ def cells(
     stage: str,
     evolved_tasks: int | None = None,
 ) -> tuple[dict[str, Cell], dict[str, list[float]]]:
-    """Every cell ('<adapter key>_<config key>') on the tasks, and each cell's rewards in task order. With
-    ``evolved_tasks`` the evolved-config cells run on the first that many tasks only (they decide nothing, and
-    their long prompts cost most of a table)."""
+    """Every cell ('<adapter key>_<config key>', e.g. 'live_original') on the tasks, and each cell's rewards in task
+    order. With ``evolved_tasks`` the evolved-config cells run on the first that many tasks only (they decide
+    nothing, and their long prompts cost most of a table)."""
     table, rewards = {}, {}
     for adapter_key, adapter in adapters.items():
         for config_key, hcp in configs.items():
@@ -102,11 +64,11 @@ def by_tier(tasks: list[Task], rewards: dict[str, list[float]]) -> dict[str, dic
 def compare(
     bench: Workbench, split: str, table: dict[str, Cell], rewards: dict[str, list[float]], tasks: list[Task]
 ) -> EvalReport:
-    """The report of a 2x2: the paired gain of the adapter under the original config, its interval, retention
-    (on the tasks the evolved cells ran on, when those are fewer)."""
-    diffs = [a - b for a, b in zip(rewards["adapter_original"], rewards["base_original"], strict=True)]
-    n = len(rewards["base_evolved"])
-    prompt_gain = table["base_evolved"].mean - mean(rewards["base_original"][:n])
+    """The report of a 2x2: the paired gain of the new adapter over the live one under the original config, its
+    interval, retention (on the tasks the evolved cells ran on, when those are fewer)."""
+    diffs = [a - b for a, b in zip(rewards["new_original"], rewards["live_original"], strict=True)]
+    n = len(rewards["live_evolved"])
+    prompt_gain = table["live_evolved"].mean - mean(rewards["live_original"][:n])
     gain = mean(diffs)
     kept = mean(diffs[:n])
     return EvalReport(
@@ -128,7 +90,7 @@ def gate(
     bench: Workbench,
     original: HCPConfig,
     evolved: HCPConfig,
-    base: str,
+    live: str,
     candidate: str,
     dev_tasks: list[Task],
     min_gain: float = 0.0,
@@ -136,30 +98,29 @@ def gate(
     evolved_tasks: int | None = None,
     alpha: float = ALPHA,
 ) -> EvalReport:
-    """The 2x2 on dev; promote only if the gain beats ``min_gain`` and its exact sign-flip p-value is below
-    ``alpha``, and (with ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
-    configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
+    """The 2x2 on dev of ``live`` (A_r's ref, '' for the bare base model) and ``candidate`` (A_{r+1}); promote
+    only if the gain beats ``min_gain`` and its exact sign-flip p-value is below ``alpha``, and (with
+    ``tier_tolerance``) no tier of the dev tasks drops by more than the tolerance."""
+    configs, adapters = {"original": original, "evolved": evolved}, {"live": live, "new": candidate}
     report = compare(bench, "dev", *cells(bench, dev_tasks, configs, adapters, "gate", evolved_tasks), dev_tasks)
     (low, high), p = report.gain_ci, report.p_value
     promote = gate_decision(report.gain, p, min_gain, alpha)
     c = report.cells
     why = "" if promote else (" (needs a gain above the minimum)" if report.gain <= min_gain else " (not significant)")
     reason = (
-        f"{candidate} + original config scores {c['adapter_original'].mean:.3f} on {len(dev_tasks)} dev tasks vs "
-        f"{base or 'base'} + original {c['base_original'].mean:.3f}: gain {report.gain:+.3f}, 95% CI "
+        f"{candidate} + original config scores {c['new_original'].mean:.3f} on {len(dev_tasks)} dev tasks vs "
+        f"{live or 'base model'} + original {c['live_original'].mean:.3f}: gain {report.gain:+.3f}, 95% CI "
         f"[{low:+.3f}, {high:+.3f}], sign-flip p = {p:.4f}{why}; required: gain > {min_gain:.3f} and p < {alpha:g}"
     )
     if tier_tolerance is not None:
-        gains = {k: v["adapter_original"] - v["base_original"] for k, v in report.tiers.items()}
+        gains = {k: v["new_original"] - v["live_original"] for k, v in report.tiers.items()}
         worse = [k for k, g in gains.items() if g < -tier_tolerance - 1e-9]
         shown = ", ".join(f"tier {k} {g:+.3f}" for k, g in gains.items())
         reason += f"; per tier: {shown} (tolerance {tier_tolerance:.3f})"
         if worse:
             promote = False
             reason += f": tier {worse[0]} dropped beyond it"
-    report = report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason})
-    bench.store.put_evaluation(report)
-    return report
+    return _record(bench, report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason}))
 
 
 def gate_decision(gain: float, p_value: float | None, min_gain: float = 0.0, alpha: float = ALPHA) -> bool:
@@ -168,10 +129,10 @@ def gate_decision(gain: float, p_value: float | None, min_gain: float = 0.0, alp
 
 
 def guard_check(
-    bench: Workbench, hcp: HCPConfig, base: str, candidate: str, tasks: list[Task], tolerance: float, label: str
+    bench: Workbench, hcp: HCPConfig, live: str, candidate: str, tasks: list[Task], tolerance: float, label: str
 ) -> Guard:
     """Both adapters on the guard tasks (another tier or environment) under that environment's original config."""
-    means = [mean([t.reward for t in bench.rollouts(hcp, tasks, adapter=a, stage="guard")]) for a in (base, candidate)]
+    means = [mean([t.reward for t in bench.rollouts(hcp, tasks, adapter=a, stage="guard")]) for a in (live, candidate)]
     return Guard(env=label, n=len(tasks), base=means[0], candidate=means[1], tolerance=tolerance)
 
 
@@ -182,22 +143,28 @@ def with_guard(bench: Workbench, report: EvalReport, guard: Guard) -> EvalReport
         f"drop {guard.drop:+.3f}, tolerance {guard.tolerance:.3f}{'' if guard.ok else ' exceeded'}"
     )
     decision = report.decision if guard.ok else "reject"
-    report = report.model_copy(update={"decision": decision, "reason": f"{report.reason}; {verdict}", "guard": guard})
-    bench.store.put_evaluation(report)
-    return report
+    return _record(
+        bench, report.model_copy(update={"decision": decision, "reason": f"{report.reason}; {verdict}", "guard": guard})
+    )
+
+
+def decline(bench: Workbench, report: EvalReport, why: str) -> EvalReport:
+    """The gate's report turned into a rejection by the approval step, with why."""
+    reason = f"{report.reason}; not approved: {why}"
+    return _record(bench, report.model_copy(update={"decision": "reject", "reason": reason}))
 
 
 def held_out(
     bench: Workbench,
     original: HCPConfig,
     evolved: HCPConfig,
-    base: str,
+    live: str,
     candidate: str,
     test_tasks: list[Task],
     evolved_tasks: int | None = None,
 ) -> EvalReport:
     """The 2x2 on test tasks, for the report only."""
-    configs, adapters = {"original": original, "evolved": evolved}, {"base": base, "adapter": candidate}
+    configs, adapters = {"original": original, "evolved": evolved}, {"live": live, "new": candidate}
     table, rewards = cells(bench, test_tasks, configs, adapters, "report", evolved_tasks)
     report = compare(bench, "test", table, rewards, test_tasks)
     n = min(evolved_tasks or len(test_tasks), len(test_tasks))
@@ -205,45 +172,28 @@ def held_out(
     reason = f"held-out table on {len(test_tasks)} test tasks{shown}; it decides nothing"
     report = report.model_copy(update={"reason": reason})
     if evolved.decoding.constrain != "none" and original.decoding.constrain == "none":
-        report = with_grammar_cell(bench, report, original, base, test_tasks, rewards)
-    bench.store.put_evaluation(report)
-    return report
+        report = with_grammar_cell(bench, report, original, live, test_tasks, rewards)
+    return _record(bench, report)
 
 
 def with_grammar_cell(
     bench: Workbench,
     report: EvalReport,
     original: HCPConfig,
-    base: str,
+    live: str,
     tasks: list[Task],
     rewards: dict[str, list[float]],
 ) -> EvalReport:
-    """The report with ``base_grammar`` (the live adapter, original config, decoding under the tool-call grammar)
+    """The report with ``live_grammar`` (the live adapter, original config, decoding under the tool-call grammar)
     and the grammar's retention: how much of what the grammar alone gave, the new adapter keeps without it."""
     grammar = original.model_copy(update={"decoding": original.decoding.model_copy(update={"constrain": "tool_call"})})
-    table, _ = cells(bench, tasks, {"grammar": grammar}, {"base": base}, "report")
-    grammar_gain = table["base_grammar"].mean - mean(rewards["base_original"])
+    table, _ = cells(bench, tasks, {"grammar": grammar}, {"live": live}, "report")
+    grammar_gain = table[GRAMMAR].mean - mean(rewards["live_original"])
     retention = report.gain / grammar_gain if grammar_gain > 0 else None
     return report.model_copy(update={"cells": report.cells | table, "grammar_retention": retention})
 
 
-def format_table(report: EvalReport) -> str:
-    """The 2x2 as aligned text with mean prompt tokens per config."""
-    c = report.cells
-    rows = [f"{'':<16}{'original config':>24}{'evolved config':>24}"]
-    for key, label in (("base", "base model"), ("adapter", "new adapter")):
-        vals = [c.get(f"{key}_{cfg}") for cfg in ("original", "evolved")]
-        rows.append(f"{label:<16}" + "".join(f"{_with_ci(v):>24}" if v else f"{'-':>24}" for v in vals))
-    tokens = [c.get(f"base_{cfg}") for cfg in ("original", "evolved")]
-    rows.append(f"{'prompt tokens':<16}" + "".join(f"{v.prompt_tokens:>24.0f}" if v else f"{'-':>24}" for v in tokens))
-    n = next(iter(c.values())).n if c else 0
-    low, high = report.gain_ci
-    retention = "-" if report.retention is None else f"{report.retention:.2f}"
-    p = "" if report.p_value is None else f", p = {report.p_value:.4f}"
-    tail = f"gain {report.gain:+.3f} [{low:+.3f}, {high:+.3f}]{p}, retention {retention}"
-    return f"{report.split} split, {n} tasks, mean reward [95% CI]\n" + "\n".join(rows) + f"\n{tail}"
-
-
-def _with_ci(cell: Cell) -> str:
-    """A cell's mean and interval."""
-    return f"{cell.mean:.3f} [{cell.ci[0]:.2f}, {cell.ci[1]:.2f}]"
+def _record(bench: Workbench, report: EvalReport) -> EvalReport:
+    """Store an evaluation (one row per run, round and split: a later one replaces it) and return it."""
+    bench.store.put_evaluation(report)
+    return report

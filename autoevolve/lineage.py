@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from autoevolve.hcp import HCPConfig, diff
 from autoevolve.records import Candidate, Selection
+from autoevolve.stats import mean
 from autoevolve.store import Store
-from autoevolve.workbench import mean
 
 
 class LineageError(ValueError):

@@ -1,8 +1,11 @@
-"""One round of the loop as plain library functions; ``flows/`` wraps each in a Prefect task.
+"""One round of the loop as library code: ``run_round`` runs its stages in order; ``flows/`` runs each as a task.
 
 round r: plan its tasks (the live adapter A_r's frontier, with a curriculum) -> evolve configs around A_r ->
 select what the best config unlocked -> distil it into A_{r+1} under the original config -> gate on dev ->
-promote or reject -> report the 2x2 on test.
+promote or reject -> report the 2x2 on test. Without Prefect (a notebook, a script)::
+
+    r = loop.open_round(load_config("configs/quickstart.yaml"))
+    report = loop.run_round(r)
 
 Every stage records what it handed on in the store when it finishes (``run_stage``), so re-running a crashed
 run with the same run id resumes: finished stages are loaded, not redone, and the unfinished one reuses every
@@ -23,7 +26,7 @@ from autoevolve import curriculum, registry
 from autoevolve.config import ConfigError, RunConfig, changed_settings
 from autoevolve.distill import TrainResult
 from autoevolve.distill.trainers import TRAINERS, DistillJob
-from autoevolve.evaluate import gate, guard_check, held_out, with_guard
+from autoevolve.evaluate import decline, gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators
 from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.model import base_model_id
@@ -31,11 +34,10 @@ from autoevolve.narration import say
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan, Trajectory
 from autoevolve.report import write_report
-from autoevolve.select import select
+from autoevolve.selection import select
+from autoevolve.stats import mean
 from autoevolve.store import Store, StoreBusy
-from autoevolve.workbench import EndpointDown, Workbench, mean
-
-STAGES = ("plan", "evolve", "select", "distill", "gate", "decide", "report")
+from autoevolve.workbench import EndpointDown, Workbench
 
 
 @dataclass
@@ -189,7 +191,7 @@ def result(r: Round, stage: str) -> Any:
             raise LookupError(
                 f"run {r.bench.run_id} round {r.bench.round}: stage {stage!r} has not finished; run it first"
             )
-        r.results[stage], r.seconds[stage] = _LOAD[stage](r, found[0]), found[1]
+        r.results[stage], r.seconds[stage] = STAGES[stage].load(r, found[0]), found[1]
     return r.results[stage]
 
 
@@ -199,18 +201,47 @@ def run_stage(r: Round, stage: str, *args: Any) -> Any:
         say(f"  {stage}: finished before, loaded from {r.bench.store.path}")
         return result(r, stage)
     started = time.perf_counter()
-    value = _RUN[stage](r, *args)
+    value = STAGES[stage].run(r, *args)
     seconds = round(time.perf_counter() - started, 1)
-    r.bench.store.put_stage(r.bench.run_id, r.bench.round, stage, _DUMP[stage](value), seconds)
+    r.bench.store.put_stage(r.bench.run_id, r.bench.round, stage, STAGES[stage].dump(value), seconds)
     r.results[stage], r.seconds[stage] = value, seconds
     return value
+
+
+Step = Callable[..., Any]  # (round, stage name, *its arguments) -> the stage's result: run_stage, or a flow's task
+
+
+def run_round(
+    r: Round, step: Step = run_stage, approve: Callable[[Round, EvalReport], EvalReport] | None = None
+) -> dict[str, Any]:
+    """The round, stage by stage, each through ``step``; returns its report (a finished round's, loaded).
+
+    When selection keeps nothing there is nothing to distil: the round ends after stage 2 and its report says so.
+    With ``registry.approval``, a promotion the gate proposes waits for ``approve`` (a flow asks a person); with no
+    one to ask, it is declined.
+    """
+    done = round_report(r.bench.store, r.bench.run_id, r.bench.round)
+    if done is not None:
+        say(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
+        return done
+    step(r, "plan")
+    step(r, "evolve")
+    if step(r, "select").items:
+        step(r, "distill")
+        dev = step(r, "gate")
+        if dev.decision == "promote" and r.config.registry.approval and not finished(r, "decide"):
+            dev = approve(r, dev) if approve else declined(r, dev, "nobody to ask (run the round as a flow)")
+        step(r, "decide", dev)
+        step(r, "report")
+    return finish_round(r)
 
 
 def finish_round(r: Round) -> dict[str, Any]:
     """Write report.json from the finished stages and mark the round finished; returns the report."""
     get = {s: result(r, s) if finished(r, s) else None for s in STAGES}
-    record, train = get["distill"] or (None, None)
-    record, dev = get["decide"] or (record, get["gate"])
+    distilled, decided = get["distill"], get["decide"]
+    record, train = (distilled.adapter, distilled.train) if distilled else (None, None)
+    record, dev = (decided.adapter, decided.dev) if decided else (record, get["gate"])
     report = write_report(r, get["plan"], get["evolve"], get["select"], record, train, dev, get["report"])
     if report["failed_rollouts"]:
         say(
@@ -334,7 +365,23 @@ def tier_demos(r: Round, tier: int, k: int) -> HCPConfig | None:
     return r.original.model_copy(update={"demos": demos})
 
 
-def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
+@dataclass(frozen=True)
+class Distilled:
+    """What stage 3 hands on: the registered adapter A_{r+1} and how its training went."""
+
+    adapter: AdapterRecord
+    train: TrainResult
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What the decision hands on: the adapter decided on and the (approved) dev report it was decided by."""
+
+    adapter: AdapterRecord
+    dev: EvalReport
+
+
+def stage_distill(r: Round) -> Distilled:
     """Stage 3: train the expert's next version from A_r under the original config (SFT, DPO or GRPO).
 
     The trained adapter is registered once per (run, round): if a crash came after registering it, the
@@ -348,7 +395,7 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
     if mine:
         trained = TrainResult.model_validate_json((Path(mine[0].path) / "train_result.json").read_text())
         r.bench.policy.add_adapter(mine[0].ref, mine[0].path)
-        return mine[0], trained
+        return Distilled(mine[0], trained)
     version = store.next_adapter_version(name)
     out = registry.adapter_dir(r.run_dir / "adapters", name, version)  # absolute: the registry must not depend on cwd
     d = r.config.distill
@@ -374,7 +421,7 @@ def stage_distill(r: Round) -> tuple[AdapterRecord, TrainResult]:
         selection_id=selection.id,
     )
     r.bench.policy.add_adapter(record.ref, record.path)
-    return record, trained
+    return Distilled(record, trained)
 
 
 def rehearsed(r: Round) -> list[Trajectory]:
@@ -404,7 +451,7 @@ def lineage_selections(r: Round) -> list[Selection]:
 
 def stage_gate(r: Round) -> EvalReport:
     """Gate on dev: should A_{r+1} replace A_r under the original config? (The guard set can still say no.)"""
-    evolved, (record, _) = result(r, "evolve"), result(r, "distill")
+    evolved, record = result(r, "evolve"), result(r, "distill").adapter
     dev = tasks_in_play(r, "dev", r.config.gate.dev_tasks)
     report = gate(
         r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain,
@@ -424,28 +471,28 @@ def stage_gate(r: Round) -> EvalReport:
 
 def declined(r: Round, report: EvalReport, why: str) -> EvalReport:
     """The gate's report turned into a rejection by the approval step, with why."""
-    report = report.model_copy(update={"decision": "reject", "reason": f"{report.reason}; not approved: {why}"})
-    r.bench.store.put_evaluation(report)
-    return report
+    return decline(r.bench, report, why)
 
 
-def stage_decide(r: Round, dev: EvalReport | None = None) -> tuple[AdapterRecord, EvalReport]:
+def stage_decide(r: Round, dev: EvalReport | None = None) -> Decided:
     """Promote or reject in the registry as the (approved) dev report says; promotion hooks tell the fleet.
 
     A version that is live already (a crash came after its promotion) is not promoted a second time.
     """
-    record, _ = result(r, "distill")
+    record = result(r, "distill").adapter
     dev = dev or result(r, "gate")
     live = r.bench.store.promoted_adapter(record.name)
     if dev.decision == "promote" and live is not None and live.version == record.version:
-        return live, dev
-    return registry.decide(r.bench.store, record, dev, registry.Publisher.from_settings(r.config.registry)), dev
+        return Decided(live, dev)
+    return Decided(
+        registry.decide(r.bench.store, record, dev, registry.Publisher.from_settings(r.config.registry)), dev
+    )
 
 
 def stage_report(r: Round) -> EvalReport:
     """The 2x2 on held-out test tasks of every tier (reported, never used to decide): the same tasks every round,
     so rounds compare task by task."""
-    evolved, (record, _) = result(r, "evolve"), result(r, "decide")
+    evolved, record = result(r, "evolve"), result(r, "decide").adapter
     test = r.bench.env.tasks("test")[: r.config.gate.test_tasks]
     return held_out(r.bench, r.original, evolved.best, r.base_ref, record.ref, test, r.config.gate.evolved_tasks)
 
@@ -471,30 +518,35 @@ def _load_adapter(r: Round, name: str, version: int) -> AdapterRecord:
     return record
 
 
-_RUN: dict[str, Callable[..., Any]] = {
-    "plan": stage_plan,
-    "evolve": stage_evolve,
-    "select": stage_select,
-    "distill": stage_distill,
-    "gate": stage_gate,
-    "decide": stage_decide,
-    "report": stage_report,
-}
-_DUMP: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "plan": lambda p: p.model_dump(mode="json"),
-    "evolve": lambda e: {"best": e.best.id, "budget": e.budget},
-    "select": lambda s: {"selection_id": s.id},
-    "distill": lambda rt: {"name": rt[0].name, "version": rt[0].version, "train": rt[1].model_dump(mode="json")},
-    "gate": lambda dev: dev.model_dump(mode="json"),
-    "decide": lambda rd: {"name": rd[0].name, "version": rd[0].version, "dev": rd[1].model_dump(mode="json")},
-    "report": lambda test: test.model_dump(mode="json"),
-}
-_LOAD: dict[str, Callable[[Round, dict[str, Any]], Any]] = {
-    "plan": lambda r, d: TaskPlan.model_validate(d),
-    "evolve": _load_evolve,
-    "select": lambda r, d: r.bench.store.selection(d["selection_id"]),
-    "distill": lambda r, d: (_load_adapter(r, d["name"], d["version"]), TrainResult.model_validate(d["train"])),
-    "gate": lambda r, d: EvalReport.model_validate(d),
-    "decide": lambda r, d: (_load_adapter(r, d["name"], d["version"]), EvalReport.model_validate(d["dev"])),
-    "report": lambda r, d: EvalReport.model_validate(d),
+@dataclass(frozen=True)
+class Stage:
+    """A stage: how to run it, the JSON it leaves in the store when it finishes, and how to load that back."""
+
+    run: Callable[..., Any]
+    dump: Callable[[Any], dict[str, Any]]
+    load: Callable[[Round, dict[str, Any]], Any]
+
+
+def _dump_adapter(a: AdapterRecord) -> dict[str, Any]:
+    return {"name": a.name, "version": a.version}
+
+
+STAGES: dict[str, Stage] = {  # in the round's order
+    "plan": Stage(stage_plan, lambda p: p.model_dump(mode="json"), lambda r, d: TaskPlan.model_validate(d)),
+    "evolve": Stage(stage_evolve, lambda e: {"best": e.best.id, "budget": e.budget}, _load_evolve),
+    "select": Stage(
+        stage_select, lambda s: {"selection_id": s.id}, lambda r, d: r.bench.store.selection(d["selection_id"])
+    ),
+    "distill": Stage(
+        stage_distill,
+        lambda x: {**_dump_adapter(x.adapter), "train": x.train.model_dump(mode="json")},
+        lambda r, d: Distilled(_load_adapter(r, d["name"], d["version"]), TrainResult.model_validate(d["train"])),
+    ),
+    "gate": Stage(stage_gate, lambda dev: dev.model_dump(mode="json"), lambda r, d: EvalReport.model_validate(d)),
+    "decide": Stage(
+        stage_decide,
+        lambda x: {**_dump_adapter(x.adapter), "dev": x.dev.model_dump(mode="json")},
+        lambda r, d: Decided(_load_adapter(r, d["name"], d["version"]), EvalReport.model_validate(d["dev"])),
+    ),
+    "report": Stage(stage_report, lambda test: test.model_dump(mode="json"), lambda r, d: EvalReport.model_validate(d)),
 }

@@ -1,7 +1,8 @@
 """A round's report as Markdown and table rows, for dashboards (the round flow publishes them as Prefect artifacts).
 
-Plain text from report.json's dict: the test 2x2 with intervals, retention, the dev gate's decision and reason,
-and how the best config differs from the original. No Prefect here; ``flows/round.py`` does the publishing.
+Plain text from report.json's dict: the test 2x2 with intervals (its rows, labels and numbers from
+``autoevolve.twobytwo``), retention, the dev gate's decision and reason, and how the best config differs from the
+original. No Prefect here; ``flows/round.py`` does the publishing.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-ROWS = (("base", "A_r (live at the start)"), ("adapter", "A_r+1 (distilled)"))
-COLUMNS = (("original", "original config"), ("evolved", "evolved config"))
+from autoevolve.records import renamed_cells
+from autoevolve.twobytwo import GRAMMAR, interval, rows, score
 
 
 def round_markdown(report: dict[str, Any], diff: str) -> str:
-    """The round at a glance: decision, test 2x2 with 95% intervals, retention, stage 1, the best config's diff."""
+    """The round at a glance: decision, test 2x2 with 95% intervals, retention, stage 1, the best config's diff.
+    A report written with the older cell names (base_*, adapter_*) reads under today's."""
+    report = renamed_cells(report)
     head = f"# autoevolve run `{report['run_id']}`, round {report['round']}"
     parts = [head, _decision(report)]
     if "eval" in report:
@@ -64,16 +67,10 @@ def _decision(report: dict[str, Any]) -> str:
 
 def _table(report: dict[str, Any]) -> str:
     """The held-out 2x2: mean reward and bootstrap 95% interval per (adapter, config) cell."""
-    means, cis = report["eval"], report["eval_ci"]
-    lines = [
-        f"## Held-out test ({means['n_tasks']} tasks): mean reward [95% CI]",
-        "",
-        "| adapter | " + " | ".join(label for _, label in COLUMNS) + " |",
-        "| --- | " + " | ".join("---" for _ in COLUMNS) + " |",
-    ]
-    for row, label in ROWS:
-        cells = [f"{means[f'{row}_{col}']:.3f} [{_ci(cis[f'{row}_{col}'])}]" for col, _ in COLUMNS]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    means = report["eval"]
+    head, *body = rows(means, report["eval_ci"], {"live": report.get("live_adapter"), "new": report["adapter"]})
+    lines = [f"## Held-out test ({means['n_tasks']} tasks): mean reward [95% CI]", ""]
+    lines += [f"| {' | '.join(row)} |" for row in (head, ["---"] * len(head), *body)]
     return "\n".join(lines)
 
 
@@ -81,8 +78,8 @@ def _gains(report: dict[str, Any]) -> str:
     """Gain of the new adapter under the original config, retention, and what the evolved prompt costs."""
     gain, kept, tokens = report["gain"], report["retention"], report["prompt_tokens"]
     lines = [
-        f"- gain of A_r+1 over A_r, original config: test {gain['test']:+.3f} [{_ci(gain['test_ci'], '+')}], "
-        f"dev {gain['dev']:+.3f} [{_ci(gain['dev_ci'], '+')}]",
+        f"- gain of A_r+1 over A_r, original config: test {gain['test']:+.3f} {interval(gain['test_ci'], True)}, "
+        f"dev {gain['dev']:+.3f} {interval(gain['dev_ci'], True)}",
         f"- retention (share of the evolved config's gain kept with the original config): "
         f"test {_share(kept['test'])}, dev {_share(kept['dev'])}",
         f"- prompt tokens of the first call: original {tokens['original']:.0f}, evolved {tokens['evolved']:.0f}",
@@ -90,7 +87,7 @@ def _gains(report: dict[str, Any]) -> str:
     if report.get("grammar"):
         g = report["grammar"]
         lines.append(
-            f"- the tool-call grammar alone (A_r, original config): test {g['base_grammar']:.3f} [{_ci(g['ci'])}]; "
+            f"- the tool-call grammar alone (A_r, original config): test {score(g[GRAMMAR])} {interval(g['ci'])}; "
             f"grammar retention (share of its gain the new adapter keeps without it): {_share(g['retention'])}"
         )
     return "\n".join(lines)
@@ -119,11 +116,6 @@ def _diff(diff: str) -> str:
     longest = max((len(run) for run in re.findall(r"`+", diff)), default=0)
     fence = "`" * max(3, longest + 1)
     return f"## Best config vs the original\n\n{fence}diff\n{diff}\n{fence}"
-
-
-def _ci(pair: list[float], sign: str = "") -> str:
-    """An interval as 'lo, hi' (``sign='+'``: signed, for gains)."""
-    return f"{pair[0]:{sign}.3f}, {pair[1]:{sign}.3f}"
 
 
 def _share(value: float | None) -> str:

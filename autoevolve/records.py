@@ -11,7 +11,15 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 SCHEMA_VERSION = 1
 
@@ -314,6 +322,26 @@ class Guard(BaseModel):
         return self.drop <= self.tolerance + 1e-9
 
 
+# The 2x2's cell names before they said what they hold: "base" was the live adapter A_r, "adapter" the new A_r+1.
+OLD_CELL_NAMES = {
+    "base_original": "live_original",
+    "base_evolved": "live_evolved",
+    "adapter_original": "new_original",
+    "adapter_evolved": "new_evolved",
+    "base_grammar": "live_grammar",
+}
+
+
+def renamed_cells(value: Any) -> Any:
+    """A JSON value (an evaluation, report.json, a rounds.json row) with the older cell names read as today's, at
+    any depth; every other key and value unchanged."""
+    if isinstance(value, dict):
+        return {OLD_CELL_NAMES.get(k, k): renamed_cells(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renamed_cells(v) for v in value]
+    return value
+
+
 class EvalReport(Record):
     """The gate's decision and the held-out table."""
 
@@ -321,22 +349,23 @@ class EvalReport(Record):
     round: int
     split: Split
     cells: dict[str, Cell] = Field(
-        description="Keys: base_original, base_evolved, adapter_original, adapter_evolved; base_grammar (the original "
-        "config decoding under the tool-call grammar) when the evolved config uses it."
+        description="Keys '<adapter>_<config>': live_original, live_evolved (the adapter live at the round's start, "
+        "A_r: the bare base model in round 0), new_original, new_evolved (the adapter the round trained, A_{r+1}); "
+        "live_grammar (A_r, the original config decoding under the tool-call grammar) when the evolved config uses it."
     )
     decision: Literal["promote", "reject", "report"]
     reason: str
-    gain: float = Field(default=0.0, description="adapter_original - base_original: what distillation added.")
+    gain: float = Field(default=0.0, description="new_original - live_original: what distillation added.")
     gain_ci: tuple[float, float] = Field(default=(0.0, 0.0), description="Paired bootstrap 95% interval of the gain.")
     p_value: float | None = Field(
         default=None, description="One-sided exact sign-flip p-value of the gain (the gate promotes below its alpha)."
     )
     retention: float | None = Field(
-        default=None, description="gain / (base_evolved - base_original); None when the evolved config gained nothing."
+        default=None, description="gain / (live_evolved - live_original); None when the evolved config gained nothing."
     )
     grammar_retention: float | None = Field(
         default=None,
-        description="gain / (base_grammar - base_original): the share of what the tool-call grammar alone gave the "
+        description="gain / (live_grammar - live_original): the share of what the tool-call grammar alone gave the "
         "live adapter that the new adapter keeps without it (test, when the evolved config decodes under it).",
     )
     guard: Guard | None = Field(default=None, description="The guard set's check (gate only, when configured).")
@@ -344,3 +373,11 @@ class EvalReport(Record):
         default_factory=dict,
         description="Per task tier ('1', '2', ...): each cell's mean reward over that tier's tasks, and n_tasks.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_old_cell_names(cls, data: Any) -> Any:
+        """Reports stored with the older cell names (base_*, adapter_*) load under today's."""
+        if isinstance(data, dict):
+            data = data | {k: renamed_cells(data[k]) for k in ("cells", "tiers") if k in data}
+        return data

@@ -7,13 +7,13 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoevolve.config import RunConfig
-from autoevolve.distill import TrainResult
-from autoevolve.evaluate import CELLS
-from autoevolve.evolve import EvolveResult
-from autoevolve.records import AdapterRecord, EvalReport, Selection, TaskPlan
+from autoevolve.records import AdapterRecord, EvalReport, Selection, TaskPlan, renamed_cells
+from autoevolve.twobytwo import CELLS, GRAMMAR, SHORT_LABELS, score
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: reading reports needs no engine
+    from autoevolve.config import RunConfig
+    from autoevolve.distill import TrainResult
+    from autoevolve.evolve import EvolveResult
     from autoevolve.loop import Round
 
 
@@ -64,25 +64,25 @@ def write_report(
     }
     if test is not None and dev is not None:
         c = test.cells
-        report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["base_original"].n, "split": "test"}
+        report["eval"] = {name: c[name].mean for name in CELLS} | {"n_tasks": c["live_original"].n, "split": "test"}
         report["eval_ci"] = {name: list(c[name].ci) for name in CELLS}
         report["eval_tiers"] = test.tiers
         report["gain"] = {"test": test.gain, "test_ci": list(test.gain_ci), "test_p": test.p_value}
         report["gain"] |= {"dev": dev.gain, "dev_ci": list(dev.gain_ci), "dev_p": dev.p_value}
         report["retention"] = {"test": test.retention, "dev": dev.retention}
-        if "base_grammar" in c:  # the evolved config decodes under the tool-call grammar
-            g = c["base_grammar"]
-            report["grammar"] = {"base_grammar": g.mean, "ci": list(g.ci), "retention": test.grammar_retention}
+        if GRAMMAR in c:  # the evolved config decodes under the tool-call grammar
+            g = c[GRAMMAR]
+            report["grammar"] = {GRAMMAR: g.mean, "ci": list(g.ci), "retention": test.grammar_retention}
         report["prompt_tokens"] = {
-            "original": c["base_original"].prompt_tokens,
-            "evolved": c["base_evolved"].prompt_tokens,
+            "original": c["live_original"].prompt_tokens,
+            "evolved": c["live_evolved"].prompt_tokens,
         }
         report["gate"] = {
             "split": "dev",
             "decision": dev.decision,
             "reason": dev.reason,
             "cells": {k: v.mean for k, v in dev.cells.items()},
-            "n_tasks": dev.cells["base_original"].n,
+            "n_tasks": dev.cells["live_original"].n,
             "p_value": dev.p_value,
             "guard": dev.guard.model_dump() | {"drop": dev.guard.drop} if dev.guard else None,
             "tiers": dev.tiers,
@@ -132,7 +132,9 @@ def _selection(r: Round, evolved: EvolveResult, selection: Selection) -> dict[st
 
 
 def round_row(report: dict[str, Any]) -> dict[str, Any]:
-    """One round's line of the loop summary: decision, test 2x2 with intervals, gain, retention, cost."""
+    """One round's line of the loop summary: decision, test 2x2 with intervals, gain, retention, cost. A report
+    written with the older cell names (base_*, adapter_*) reads under today's."""
+    report = renamed_cells(report)
     return {
         "round": report["round"],
         "adapter": report["adapter"],
@@ -162,13 +164,15 @@ def write_rounds(config: RunConfig, reports: list[dict[str, Any]]) -> Path:
 
 
 def format_rounds(reports: list[dict[str, Any]]) -> str:
-    """The loop summary as aligned text: per round, the test score of adapter + original config and the decision."""
-    lines = [f"{'round':<7}{'adapter':<16}{'decision':<18}{'adapter+original':>18}{'retention':>11}{'rollouts':>10}"]
+    """The loop summary as aligned text: per round, the new adapter's test score under the original config
+    (A_r+1+orig) and the decision."""
+    head = SHORT_LABELS["new_original"]
+    lines = [f"{'round':<7}{'adapter':<16}{'decision':<18}{head:>18}{'retention':>11}{'rollouts':>10}"]
     for row in map(round_row, reports):
-        score = f"{row['eval']['adapter_original']:.3f}" if row["eval"] else "-"
+        shown = score(row["eval"]["new_original"]) if row["eval"] else "-"
         kept = (row["retention"] or {}).get("test")
         lines.append(
-            f"{row['round']:<7}{row['adapter'] or '-':<16}{row['decision']:<18}{score:>18}"
+            f"{row['round']:<7}{row['adapter'] or '-':<16}{row['decision']:<18}{shown:>18}"
             f"{'-' if kept is None else f'{kept:.2f}':>11}{row['rollouts']:>10}"
         )
     return "\n".join(lines)

@@ -64,7 +64,8 @@ def rollout(
         active = [r for r in runs if not r.done]
         if not active:
             break
-        requests = [_request(hcp, r, seed + step, cache_key) for r in active]
+        # Each sample of a task decodes with its own seed so samples differ when temperature > 0.
+        requests = [model_call(hcp, r.task, r.messages, (seed + step) * 1000 + r.sample, cache_key) for r in active]
         completions = policy.generate(requests, adapter or None)
         for r, completion in zip(active, completions, strict=True):
             _advance(r, completion, hcp)
@@ -81,19 +82,20 @@ def score_reply(env: Environment, hcp: HCPConfig, task: Task, text: str) -> floa
     return 0.0 if error else episode.score(messages)[0]
 
 
-def _request(hcp: HCPConfig, run: _Run, seed: int, cache_key: str) -> ChatRequest:
-    """The next model call of an episode under the config."""
-    messages, tools = hcp.render(run.task, run.messages)
+def model_call(
+    hcp: HCPConfig, task: Task, history: list[Message], seed: int, cache_key: str | None = None
+) -> ChatRequest:
+    """The next model call of an episode under the config: rendered, sampled and constrained as it says."""
+    messages, tools = hcp.render(task, history)
     s = hcp.sampling
-    # Each sample of a task decodes with its own seed so samples differ when temperature > 0.
     return ChatRequest(
         messages=messages,
         tools=tools,
         temperature=s.temperature,
         top_p=s.top_p,
         max_new_tokens=s.max_new_tokens,
-        seed=seed * 1000 + run.sample,
-        constrain=constraint(hcp, run.task),
+        seed=seed,
+        constrain=constraint(hcp, task),
         cache_key=cache_key,
     )
 

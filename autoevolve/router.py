@@ -10,15 +10,17 @@ of adapter.
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from autoevolve.envs import Episode
 from autoevolve.hcp import HCPConfig
-from autoevolve.policy import ChatRequest, Policy
+from autoevolve.policy import Policy
 from autoevolve.records import Expert, Message, Task, Trajectory
-from autoevolve.rollout import apply
+from autoevolve.rollout import apply, model_call
 from autoevolve.store import Store
 
 CHANGE_MODEL = "change_model"
@@ -101,21 +103,23 @@ def converse(
     followups: list[str] = (),
     run_id: str = "",
     max_steps: int = 8,
+    seed: int = 0,
 ) -> Trajectory:
     """Serve a conversation (the task's request, then each follow-up) through the router; returns its trajectory.
 
     Each user message starts at ``entry``, which sees that message alone (``latest_turn``); a ``change_model`` call
     hands the rest of the turn to that expert, which sees the whole conversation without the routing exchange (its
     own config knows no ``change_model``). A failed turn does not end the conversation; the trajectory keeps the
-    first failure and scores 0.
+    first failure and scores 0. Each model call decodes with its own seed (``seed``, then one more per call).
     """
     tool = change_model_tool(experts, entry)
     board = Switchboard(episode)
     messages: list[Message] = []
     errors: list[str] = []
+    calls = itertools.count(seed * 1000)  # every call's seed
     for text in [task.request, *followups]:
         messages.append(Message(role="user", content=text))
-        error = _turn(policy, served, entry, tool, task, board, messages, max_steps)
+        error = _turn(policy, served, entry, tool, task, board, messages, max_steps, calls)
         if error:  # the conversation goes on, as it would for a user; the trajectory keeps the first failure
             errors.append(error)
     error = errors[0] if errors else ""
@@ -144,6 +148,7 @@ def _turn(
     board: Switchboard,
     messages: list[Message],
     max_steps: int,
+    seeds: Iterator[int],
 ) -> str:
     """Serve one user turn from the entry expert on, appending to ``messages``; returns '' or why it failed."""
     current = entry
@@ -151,11 +156,7 @@ def _turn(
         expert = served[current]
         view = task.model_copy(update={"tools": [tool] if current == entry else []})
         history = latest_turn(messages) if current == entry else [m for m in messages if not _routing(m, messages)]
-        rendered, tools = expert.hcp.render(view, history)
-        s = expert.hcp.sampling
-        request = ChatRequest(
-            messages=rendered, tools=tools, temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
-        )
+        request = model_call(expert.hcp, view, history, next(seeds))
         [completion] = policy.generate([request], expert.adapter or None)
         board.chosen = None
         done, error = apply(completion, expert.hcp, view, board, messages, f"call_{len(messages)}", expert.adapter)

@@ -14,14 +14,14 @@ from typing import Any
 import yaml
 
 from autoevolve.config import ConfigError, EnvSettings, RunConfig
-from autoevolve.evaluate import bootstrap_ci
 from autoevolve.hcp import HCPConfig
 from autoevolve.lineage import LineageError, resolve, run_candidates
 from autoevolve.model import base_model_id
 from autoevolve.records import Split
 from autoevolve.registry import check_adapter_folder
+from autoevolve.stats import bootstrap_ci, mean
 from autoevolve.store import Store
-from autoevolve.workbench import Workbench, mean
+from autoevolve.workbench import Workbench
 
 
 def env_settings(config: RunConfig, value: str | None) -> EnvSettings:

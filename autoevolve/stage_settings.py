@@ -4,14 +4,14 @@ selection and stage 3's training. Every section forbids unknown keys (see ``Sect
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from autoevolve.distill.grpo import GRPOSettings
+from autoevolve.distill.settings import TRAINER_SETTINGS, DPOSettings, GRPOSettings, SFTSettings, TrainSettings
 from autoevolve.hcp import COMPONENTS, CallSyntax, ToolFormat
 
-PROJECT = Path(__file__).resolve().parents[1]  # the checkout: prompts/ lives beside the package
+META_PROMPTS = Path(__file__).resolve().parent / "evolve" / "meta_prompts.yaml"  # ships inside the package
 
 
 class Section(BaseModel):
@@ -48,7 +48,7 @@ class ReflectionSettings(Section):
         default=["system_prompt", "tools"], description="Components it may rewrite; one is drawn per proposal."
     )
     examples: int = Field(default=4, gt=0, description="Minibatch trajectories shown per proposal (failures first).")
-    meta_prompts: Path = Field(default=PROJECT / "prompts" / "reflect.yaml", description="YAML file of meta-prompts.")
+    meta_prompts: Path = Field(default=META_PROMPTS, description="YAML file of meta-prompts.")
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
     max_new_tokens: int = Field(default=512, gt=0)
 
@@ -164,13 +164,20 @@ class SelectSettings(Section):
     )
 
 
-class DistillSettings(GRPOSettings):
-    """Stage 3: the trainer and its hyper-parameters (``beta`` is DPO's; ``generations`` onwards are GRPO's)."""
+class DistillSettings(TrainSettings):
+    """Stage 3: the settings every trainer shares (``TrainSettings``: LoRA, optimiser, batches), the trainer and its
+    own section (``distill: {trainer: grpo, grpo: {generations: 4}}``), and where, on what and from which adapter
+    the stage trains. Only the selected trainer's section may be set."""
 
     trainer: Literal["sft", "dpo", "grpo"] = Field(
         default="sft",
         description="sft: the kept rollouts; dpo: (kept rollout, original's failed rollout) pairs; "
         "grpo: RL on the selected tasks with the environment's reward.",
+    )
+    sft: SFTSettings | None = Field(default=None, description="SFT's own settings; only with trainer: sft.")
+    dpo: DPOSettings | None = Field(default=None, description="DPO's own settings (beta); only with trainer: dpo.")
+    grpo: GRPOSettings | None = Field(
+        default=None, description="GRPO's own settings (the group, its sampling, kl); only with trainer: grpo."
     )
     deployment: str | None = Field(
         default=None,
@@ -189,7 +196,7 @@ class DistillSettings(GRPOSettings):
         default=False,
         description="SFT also trains on the live adapter's own full-reward rollouts under the original config on the "
         "round's pool tasks that no trained selection holds (what it already does), so the new wins do not overwrite "
-        "it; needs a curriculum (the pool).",
+        "it; needs a curriculum (the pool) and trainer: sft.",
     )
     rehearse_from_round: int = Field(
         default=0,
@@ -198,13 +205,48 @@ class DistillSettings(GRPOSettings):
         "rehearsing from the start cut round 1's gain; from round 2 on it held tier 1 (README, loop section).",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_flat_trainer_settings(cls, data: Any) -> Any:
+        """A trainer's own setting written beside the shared ones (``distill.beta``) names the section it goes in."""
+        if isinstance(data, dict):
+            for trainer, section in TRAINER_SETTINGS.items():
+                for key in section.model_fields:
+                    if key in data:
+                        raise ValueError(
+                            f"distill.{key} is {trainer}'s own setting: set distill.{trainer}.{key}, "
+                            f"with distill.trainer: {trainer}"
+                        )
+        return data
+
+    @field_validator("sft", "dpo", "grpo")
+    @classmethod
+    def _selected_trainer_only(cls, section: Any, info: ValidationInfo) -> Any:
+        """Only the selected trainer's section is read, so another's is an error rather than silently ignored."""
+        trainer = info.data.get("trainer")  # absent when the trainer itself is invalid: that error is reported
+        if section is not None and trainer is not None and trainer != info.field_name:
+            raise ValueError(f"set only with distill.trainer: {info.field_name} (the trainer is {trainer})")
+        return section
+
+    @field_validator("rehearse")
+    @classmethod
+    def _sft_rehearses(cls, rehearse: bool, info: ValidationInfo) -> bool:
+        """Only SFT trains on the rehearsed rollouts."""
+        trainer = info.data.get("trainer")
+        if rehearse and trainer is not None and trainer != "sft":
+            raise ValueError(f"only trainer sft rehearses (the trainer is {trainer}); set rehearse: false")
+        return rehearse
+
     @model_validator(mode="after")
-    def _whole_groups(self) -> DistillSettings:
-        """GRPO generates whole groups: the completions per optimiser step must be a multiple of ``generations``."""
+    def _trainer_section(self) -> DistillSettings:
+        """Fill in the selected trainer's section (its defaults where left out), so a dumped config records it;
+        GRPO generates whole groups: the completions per optimiser step must be a multiple of the group."""
+        if getattr(self, self.trainer) is None:
+            setattr(self, self.trainer, TRAINER_SETTINGS[self.trainer]())
         per_step = self.batch_size * self.grad_accum
-        if self.trainer == "grpo" and per_step % self.generations:
+        if self.grpo is not None and per_step % self.grpo.generations:
             raise ValueError(
-                f"batch_size x grad_accum ({per_step}) must be a multiple of generations ({self.generations}) "
-                "for grpo: each step trains on whole groups of replies"
+                f"distill.batch_size x distill.grad_accum ({per_step}) must be a multiple of "
+                f"distill.grpo.generations ({self.grpo.generations}): each grpo step trains on whole groups of replies"
             )
         return self

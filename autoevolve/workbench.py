@@ -148,8 +148,3 @@ def request_shape(messages: list[dict], tools: list[dict] | None) -> str:
         parts.append(m["role"] + (f"({', '.join(fields)})" if fields else ""))
     shown = f"{len(tools)} native tools" if tools else "no tools= field"
     return f"{len(messages)} messages [{', '.join(parts)}], {shown}"
-
-
-def mean(values: list[float]) -> float:
-    """Arithmetic mean; 0.0 for no values."""
-    return sum(values) / len(values) if values else 0.0

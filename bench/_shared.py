@@ -36,7 +36,7 @@ def write_json(path: Path, table: dict[str, Any]) -> None:
 
 def paired_gain(after: list[float], before: list[float], seed: int = 0) -> tuple[float, tuple[float, float]]:
     """Mean of after - before over the same tasks, and its 95% bootstrap interval (the gate's own)."""
-    from autoevolve.evaluate import bootstrap_ci
+    from autoevolve.stats import bootstrap_ci
 
     diffs = [a - b for a, b in zip(after, before, strict=True)]
     return sum(diffs) / len(diffs), bootstrap_ci(diffs, seed)

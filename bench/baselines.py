@@ -100,7 +100,7 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
     report stage; scored here when no round reached one) and what it spent."""
     from autoevolve.records import TaskPlan
     from autoevolve.store import Store
-    from flows.loop import loop_flow
+    from autoevolve_flows.loop_flow import loop_flow
 
     cfg = arm_config(config, arm, in_place)
     loop_flow(cfg)
@@ -225,7 +225,7 @@ def _mean(values: list[float]) -> float:
 
 def table(arms: list[Arm]) -> tuple[list[str], list[dict[str, Any]]]:
     """One line per arm, and the same as JSON rows."""
-    from autoevolve.evaluate import bootstrap_ci
+    from autoevolve.stats import bootstrap_ci
 
     loop = arms[0].rewards
     head = (
@@ -282,7 +282,7 @@ def run_seed(
 def across_seeds(runs: list[list[Arm]]) -> tuple[list[str], list[dict[str, Any]]]:
     """Per arm over the seeds: each seed's score, and the loop's paired lead averaged over seeds per test task (the
     tasks are the same every seed) with its 95% interval."""
-    from autoevolve.evaluate import bootstrap_ci
+    from autoevolve.stats import bootstrap_ci
 
     lines = [f"{'arm':<9} {'per seed':>24} {'median':>7} {'loop - arm over seeds [95% CI]':>32}"]
     rows = []

@@ -29,6 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from _shared import paired_gain, write_json  # noqa: E402
 
+from autoevolve.records import renamed_cells  # noqa: E402
+from autoevolve.twobytwo import CELLS, SHORT_LABELS, score  # noqa: E402
+
 TIER_BARS = {"1": 0.85, "2": 0.40}  # the served expert after the last round, original config, test
 MAX_TIER_DROP = 0.05
 MAX_MINUTES = 60.0  # the whole run, from a fresh store, on 2 cores
@@ -66,29 +69,30 @@ def _mean(values: list[float]) -> float:
 
 
 def table(rows: list[dict[str, Any]], served: list[Pair | None]) -> list[str]:
-    """One line per round."""
+    """One line per round; the test 2x2's columns in ``autoevolve.twobytwo``'s order and labels."""
+    two = " ".join(f"{SHORT_LABELS[c]:>10}" for c in CELLS)
     head = (
-        f"{'round':>5} {'decision':>12} {'tiers':>6} {'A_r+orig':>9} {'A_r+evol':>9} {'new+orig':>9} {'new+evol':>9} "
-        f"{'served':>7} {'gain over A_r [95% CI]':>26} {'retention':>9} {'tokens o/e':>11} {'kept s/k':>9} "
-        f"{'rollouts':>8} {'train s':>7}"
+        f"{'round':>5} {'decision':>12} {'tiers':>6} {two} {'served':>7} {'gain over A_r [95% CI]':>26} "
+        f"{'retention':>9} {'tokens o/e':>11} {'kept s/k':>9} {'rollouts':>8} {'train s':>7}"
     )
     lines = [head]
     for row, pair in zip(rows, served, strict=True):
         tiers = ",".join(str(t) for t in (row.get("plan") or {}).get("tiers", [])) or "-"
         origin = row.get("selection") or {}
         kept = f"{origin.get('from_search', '-')}/{origin.get('from_samples', '-')}"
+        start = f"{row['round']:>5} {row['decision']:>12} {tiers:>6}"
         if pair is None:
+            none = " ".join(f"{'-':>10}" for _ in CELLS)
             lines.append(
-                f"{row['round']:>5} {row['decision']:>12} {tiers:>6} {'-':>9} {'-':>9} {'-':>9} {'-':>9} {'-':>7} "
-                f"{'-':>26} {'-':>9} {'-':>11} {kept:>9} {row['rollouts']:>8} {'-':>7}"
+                f"{start} {none} {'-':>7} {'-':>26} {'-':>9} {'-':>11} {kept:>9} {row['rollouts']:>8} {'-':>7}"
             )
             continue
         e, tokens, kept_share = row["eval"], row["prompt_tokens"], row["retention"]["test"]
         g, (lo, hi) = paired_gain(pair[1], pair[0])
         toks = f"{tokens['original']:.0f}/{tokens['evolved']:.0f}"
+        two = " ".join(f"{score(e[c]):>10}" for c in CELLS)
         lines.append(
-            f"{row['round']:>5} {row['decision']:>12} {tiers:>6} {e['base_original']:>9.3f} {e['base_evolved']:>9.3f} "
-            f"{e['adapter_original']:>9.3f} {e['adapter_evolved']:>9.3f} {_mean(pair[1]):>7.3f} "
+            f"{start} {two} {_mean(pair[1]):>7.3f} "
             f"{f'{g:+.3f} [{lo:+.3f}, {hi:+.3f}]':>26} {'-' if kept_share is None else f'{kept_share:.2f}':>9} "
             f"{toks:>11} {kept:>9} {row['rollouts']:>8} "
             f"{row['train_seconds'] or 0:>7.0f}"
@@ -162,7 +166,7 @@ def checks(
 def ceiling(rows: list[dict[str, Any]], tier: str) -> str:
     """The best test score on a tier of any adapter the run trained (original config), promoted or not: what the
     loop reached there at all."""
-    scored = [(r["tiers"][tier]["adapter_original"], r) for r in rows if r["eval"] and tier in (r.get("tiers") or {})]
+    scored = [(r["tiers"][tier]["new_original"], r) for r in rows if r["eval"] and tier in (r.get("tiers") or {})]
     if not scored:
         return ""
     best, row = max(scored, key=lambda s: s[0])
@@ -191,7 +195,7 @@ def drivers(rows: list[dict[str, Any]]) -> list[str]:
 def run(config_path: Path) -> tuple[Path, float]:
     """Run every round of the config from a fresh store; returns the run folder and the minutes it took."""
     from autoevolve.config import load_config
-    from flows.loop import loop_flow
+    from autoevolve_flows.loop_flow import loop_flow
 
     config = load_config(config_path)
     run_dir = Path(config.run_dir) / str(config.run_id)
@@ -220,7 +224,7 @@ def main() -> None:
     args = parser.parse_args()
     run_dir, minutes = (args.table, None) if args.table else run(args.config)
     config = load_config(args.config)
-    rows = json.loads((run_dir / "rounds.json").read_text())
+    rows = renamed_cells(json.loads((run_dir / "rounds.json").read_text()))  # older runs: base_*, adapter_* cells
     served = served_rewards(config, rows)
     scores = tier_scores(config, served)
     counts = {tier: int(v["n_tasks"]) for tier, v in next((r["tiers"] for r in rows if r.get("tiers")), {}).items()}

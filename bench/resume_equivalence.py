@@ -74,7 +74,8 @@ def landed(folder: Path, code: int, marker: str, aim: str) -> None:
         raise SystemExit(f"the run to be killed in {aim} exited {code} instead: {marker!r} did not appear often enough")
     with Store.snapshot(folder / "store.duckdb") as store:
         done = {stage for _, stage in store.finished_stages("resume")}
-    before = STAGES[STAGES.index(aim) - 1]
+    names = list(STAGES)
+    before = names[names.index(aim) - 1]
     if aim in done or before not in done:
         raise SystemExit(f"the kill aimed at {aim} landed elsewhere: finished stages {sorted(done)}")
     print(f"killed inside {aim} ({before} had finished)")

@@ -22,8 +22,9 @@ from _shared import write_json
 
 from autoevolve import loop, model
 from autoevolve.config import load_config
-from autoevolve.distill import sft
+from autoevolve.distill import fit
 from autoevolve.loop import STAGES
+from autoevolve.twobytwo import CELLS, SHORT_LABELS, score
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 360.0
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
     loads = LoadCounter()
-    model.load = sft.load = loads  # the policy's load and every trainer's
+    model.load = fit.load = loads  # the policy's load and every trainer's
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(args.config).model_copy(update={"store": f"{tmp}/store.duckdb", "run_dir": f"{tmp}/runs"})
         r = loop.open_round(config)
@@ -62,7 +63,7 @@ def main() -> None:
                 break
             before, loaded = _stats(stats), (loads.count, loads.seconds)
             loop.run_stage(r, stage)
-            train = loop.result(r, "distill")[1] if stage == "distill" else None
+            train = loop.result(r, "distill").train if stage == "distill" else None
             rows.append(_row(stage, r.seconds[stage], before, _stats(stats), loads, train, loaded))
         report = loop.finish_round(r)
         r.bench.store.close()
@@ -110,11 +111,10 @@ def _print(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
         print("".join(f"{c:>12}" for c in cells))
     total = sum(report["seconds"].values())
     evaluation = report.get("eval") or {}
-    gain = evaluation.get("adapter_original", 0.0) - evaluation.get("base_original", 0.0)
+    gain = evaluation.get("new_original", 0.0) - evaluation.get("live_original", 0.0)
     retention = (report.get("retention") or {}).get("test")
-    print(f"\nstages: {total:.0f} s; test 2x2 (base/evolved, adapter/original, adapter/evolved): "
-          + ", ".join(f"{k} {evaluation.get(k, 0):.3f}" for k in ("base_original", "base_evolved", "adapter_original",
-                                                                   "adapter_evolved")))  # fmt: skip
+    shown = ", ".join(f"{SHORT_LABELS[k]} {score(evaluation.get(k, 0.0))}" for k in CELLS)
+    print(f"\nstages: {total:.0f} s; test 2x2: {shown}")
     ok = total <= BUDGET_S and gain >= 0.5 and retention is not None and retention >= 1.0
     print(
         f"{'PASS' if ok else 'FAIL'}: {total:.0f} s of stages (target <= {BUDGET_S:.0f}), test gain {gain:+.3f} "

@@ -45,8 +45,9 @@ def main() -> None:
     from autoevolve.config import load_config
     from autoevolve.hcp import Demo, Demos
     from autoevolve.loop import make_policy
+    from autoevolve.stats import mean
     from autoevolve.store import Store
-    from autoevolve.workbench import Workbench, mean
+    from autoevolve.workbench import Workbench
 
     config = load_config(args.config)
     policy = make_policy(config)

@@ -21,7 +21,7 @@ from typing import Any
 from _shared import write_json
 
 from autoevolve.config import load_config
-from autoevolve.distill import SFTSettings, render_examples, sft, train_sft
+from autoevolve.distill import TrainSettings, render_examples, sft, train_sft
 from autoevolve.distill.compact import compact_sft_trainer
 from autoevolve.evolve import train_tasks
 from autoevolve.records import Trajectory
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the table here")
     args = parser.parse_args()
     data, config = examples(args.examples)
-    base = SFTSettings(**config.distill.model_dump(include=set(SFTSettings.model_fields)))
+    base = TrainSettings(**config.distill.model_dump(include=set(TrainSettings.model_fields)))
     rows = []
     for label in args.modes:
         precision, compact = MODES[label]
@@ -92,7 +92,7 @@ def main() -> None:
         write_json(args.json, {"rows": rows})
 
 
-def _print(rows: list[dict[str, Any]], args: argparse.Namespace, base: SFTSettings) -> None:
+def _print(rows: list[dict[str, Any]], args: argparse.Namespace, base: TrainSettings) -> None:
     """The table, and the check of the last row against the first: >= 2x the tokens/s at an equal loss."""
     before = rows[0]
     print(f"\nLoRA SFT, {args.examples} examples x {base.epochs:g} epochs, batch {base.batch_size}, "

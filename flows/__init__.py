@@ -1,8 +1,9 @@
-"""The Prefect flows: the loop, a round, one flow per stage, and the deployments.
+"""The Prefect flows: the loop, a round, one flow per stage, and the deployments (installed as ``autoevolve_flows``).
 
 Importing the package sets what an offline run needs, for every entry point (``autoevolve``, ``python -m
-flows.stages``, the bench scripts), each only where the user has not set it: no telemetry from Prefect's temporary
-server (offline it logs an error on every start), no Hugging Face hub lookups, no tokenizer fork warnings. The library's
+autoevolve_flows.stage_flows``, the bench scripts), each only where the user has not set it: no telemetry from
+Prefect's temporary server (offline it logs an error on every start), no Hugging Face hub lookups, no tokenizer fork
+warnings. The library's
 ``autoevolve.*`` loggers, narration included, also reach the logs of the flow or task run they log in, so a deployed
 run's logs hold what a terminal run prints.
 """

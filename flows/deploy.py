@@ -31,7 +31,7 @@ from prefect.settings import get_current_settings
 
 from autoevolve.config import DeploySettings, RunConfig, load_config
 from autoevolve.narration import say
-from flows.loop import loop_flow
+from autoevolve_flows.loop_flow import loop_flow
 
 TAGS = ["autoevolve"]
 CPU_STAGES = ("evolve", "select", "gate", "report")
@@ -81,8 +81,8 @@ def deployments(config: RunConfig, config_path: str, home: Path) -> list[RunnerD
             concurrency_limit=1,  # the store takes one writer: a run still going when the next is due makes it wait
         )
     ]
-    made += [make(f"flows/stages.py:{stage}_flow", "cpu", d.cpu_pool) for stage in CPU_STAGES]
-    made.append(make("flows/stages.py:distill_flow", "gpu", d.gpu_pool, job_variables=gpu_job_variables(d, home)))
+    made += [make(f"flows/stage_flows.py:{stage}_flow", "cpu", d.cpu_pool) for stage in CPU_STAGES]
+    made.append(make("flows/stage_flows.py:distill_flow", "gpu", d.gpu_pool, job_variables=gpu_job_variables(d, home)))
     return made
 
 

@@ -1,4 +1,4 @@
-"""The round flow: one Prefect task per stage, read top to bottom like the round itself.
+"""The round flow: ``loop.run_round`` with one Prefect task per stage.
 
 Stages that call the policy endpoint retry on transient errors only (every stage is idempotent: stored rollouts are
 reused) and carry the tag ``autoevolve-policy``, so ``prefect concurrency-limit create autoevolve-policy 4`` bounds
@@ -6,7 +6,7 @@ how many of them run against the endpoint at once. With ``distill.deployment`` s
 that deployment (the GPU work pool). Each round leaves a Markdown report and a table of its candidates as
 artifacts, and a progress artifact follows its rollouts while they run.
 
-Run: autoevolve run configs/quickstart.yaml   (or: python -m flows.round configs/quickstart.yaml)
+Run: autoevolve run configs/quickstart.yaml   (or: python -m autoevolve_flows.round configs/quickstart.yaml)
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from prefect.runtime import flow_run
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
-from autoevolve.evaluate import format_table
 from autoevolve.hcp import diff
 from autoevolve.markdown import candidate_rows, round_markdown
 from autoevolve.narration import say
 from autoevolve.records import EvalReport
+from autoevolve.twobytwo import format_table
 from autoevolve.workbench import Progress
 
 POLICY_TAG = "autoevolve-policy"
@@ -174,7 +174,7 @@ def deployed_root() -> UUID | None:
 
 # Idempotent too: a version that is live already is not promoted (nor its hooks fired) a second time.
 @task(cache_policy=NONE, retries=2, retry_delay_seconds=10)
-def decide_stage(r: loop.Round, dev: EvalReport):
+def decide_stage(r: loop.Round, dev: EvalReport | None = None):
     """Promote or reject in the registry; promotion hooks tell the serving fleet."""
     return loop.run_stage(r, "decide", dev)
 
@@ -187,25 +187,13 @@ def report_stage(r: loop.Round):
 
 @flow(name="autoevolve-round")
 def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
-    """One round: plan, evolve, select, distil, gate, decide, report; a crashed round resumes where it stopped."""
+    """One round (``loop.run_round``), each stage a task; a crashed round resumes where it stopped."""
     r = loop.open_round(config, round=round)
     r.bench.progress = RolloutProgress(f"{artifact_key(r)}-progress", r.bench.progress)
     try:
-        done = loop.round_report(r.bench.store, r.bench.run_id, r.bench.round)
-        if done is not None:
-            say(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
-            return done
-        plan_stage(r)
-        evolve_stage(r)
-        selection = select_stage(r)
-        if selection.items:
-            distill_stage(r)
-            dev = gate_stage(r)
-            if dev.decision == "promote" and r.config.registry.approval and not loop.finished(r, "decide"):
-                dev = approval(r, dev)
-            decide_stage(r, dev)
-            report_stage(r)
-        report = loop.finish_round(r)
+        if loop.round_report(r.bench.store, r.bench.run_id, r.bench.round) is not None:
+            return loop.run_round(r)  # finished before: its report
+        report = loop.run_round(r, step=as_task, approve=approval)
         changes = diff(r.original, loop.result(r, "evolve").best)
     finally:
         r.bench.store.close()
@@ -213,13 +201,29 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
     if "eval" not in report:  # nothing to distil: the report says so instead of training on nothing
         say(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
         return report
-    test, dev = loop.result(r, "report"), loop.result(r, "decide")[1]
+    test, dev = loop.result(r, "report"), loop.result(r, "decide").dev
     say(format_table(test))
     say(f"gate (dev): {dev.decision}: {dev.reason}")
     if test.retention is not None:
         say(f"retention (test): {test.retention:.2f} of the evolved prompt's gain kept with the original prompt")
     say(f"report: {r.run_dir / 'report.json'}")
     return report
+
+
+def as_task(r: loop.Round, stage: str, *args: Any) -> Any:
+    """``loop.run_round``'s step: run a stage as its Prefect task."""
+    return STAGE_TASKS[stage](r, *args)
+
+
+STAGE_TASKS = {
+    "plan": plan_stage,
+    "evolve": evolve_stage,
+    "select": select_stage,
+    "distill": distill_stage,
+    "gate": gate_stage,
+    "decide": decide_stage,
+    "report": report_stage,
+}
 
 
 # -- artifacts: what a round shows in the Prefect UI ----------------------------------------------------------------

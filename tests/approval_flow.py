@@ -13,7 +13,7 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.records import Cell, EvalReport
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
-from flows.round import approval
+from autoevolve_flows.round import approval
 from tests.test_select import NoCalls
 
 
@@ -21,7 +21,7 @@ def gate_report(run_id: str) -> EvalReport:
     """A dev report that proposes a promotion."""
     cell = Cell(adapter="", hcp_id="h", mean=0.5, n=4)
     reason = "gain +0.5, 95% CI [+0.25, +0.75]; required: gain > 0.000 and CI above 0"
-    return EvalReport(run_id=run_id, round=0, split="dev", cells={"base_original": cell}, decision="promote",
+    return EvalReport(run_id=run_id, round=0, split="dev", cells={"live_original": cell}, decision="promote",
                       reason=reason)  # fmt: skip
 
 

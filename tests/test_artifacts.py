@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _report(**changes) -> dict:  # noqa: ANN003
     """A promoted round's report.json, in the shape ``write_report`` gives it."""
-    cells = {"base_original": 0.25, "base_evolved": 0.625, "adapter_original": 0.5625, "adapter_evolved": 0.6875}
+    cells = {"live_original": 0.25, "live_evolved": 0.625, "new_original": 0.5625, "new_evolved": 0.6875}
     report = {
         "run_id": "nightly-2026-11-30",
         "round": 2,
@@ -33,6 +33,7 @@ def _report(**changes) -> dict:  # noqa: ANN003
         "selected": 57,
         "promoted": True,
         "adapter": "L1-life-v3",
+        "live_adapter": "L1-life-v2",
         "eval": cells | {"n_tasks": 64, "split": "test"},
         "eval_ci": {k: [round(v - 0.1, 4), round(v + 0.1, 4)] for k, v in cells.items()},
         "gain": {"test": 0.3125, "test_ci": [0.1875, 0.4375], "dev": 0.2917, "dev_ci": [0.125, 0.4583]},
@@ -63,8 +64,9 @@ def test_the_round_markdown_has_the_2x2_with_intervals_the_decision_and_the_diff
     assert "Adapter `L1-life-v3` is now live." in lines
     assert "Guard (life tiers 2, 16 tasks): 0.500 -> 0.438, drop +0.062, tolerance 0.100." in lines
     assert "## Held-out test (64 tasks): mean reward [95% CI]" in lines
-    assert "| A_r (live at the start) | 0.250 [0.150, 0.350] | 0.625 [0.525, 0.725] |" in lines
-    assert "| A_r+1 (distilled) | 0.562 [0.463, 0.662] | 0.688 [0.588, 0.787] |" in lines
+    assert "|  | adapter | original config | evolved config |" in lines
+    assert "| live adapter A_r | L1-life-v2 | 0.250 [0.150, 0.350] | 0.625 [0.525, 0.725] |" in lines
+    assert "| new adapter A_r+1 | L1-life-v3 | 0.562 [0.463, 0.662] | 0.688 [0.588, 0.787] |" in lines
     assert (
         "- gain of A_r+1 over A_r, original config: test +0.312 [+0.188, +0.438], dev +0.292 [+0.125, +0.458]" in lines
     )
@@ -119,7 +121,7 @@ def test_a_scheduled_round_leaves_its_report_candidates_and_progress_as_artifact
         TaskRunFilterFlowRunId,
     )
 
-    from flows.deploy import evolution_flow, scheduled_run_id
+    from autoevolve_flows.deploy import evolution_flow, scheduled_run_id
 
     path = _tiny_config(tmp_path, tiny_model_dir)
     state = evolution_flow(str(path), return_state=True)
@@ -172,7 +174,7 @@ def test_progress_updates_a_batch_in_place_and_starts_a_version_per_batch(prefec
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.round import RolloutProgress
+    from autoevolve_flows.round import RolloutProgress
 
     shown = []
 
@@ -202,7 +204,7 @@ def test_a_tag_concurrency_limit_holds_a_slot_while_a_policy_stage_runs(
     from prefect.client.orchestration import get_client
 
     from autoevolve import loop
-    from flows.round import POLICY_TAG, round_flow
+    from autoevolve_flows.round import POLICY_TAG, round_flow
 
     seen, run_stage = [], loop.run_stage
 

@@ -90,7 +90,7 @@ def _live_adapter(tmp_path: Path) -> Path:
     folder = _adapter(tmp_path / "runs/a1")
     with Store(tmp_path / "s.duckdb") as store:
         record = _register(store, folder)
-        cells = {"base_original": Cell(adapter="", hcp_id="h", mean=0.5, n=8)}
+        cells = {"live_original": Cell(adapter="", hcp_id="h", mean=0.5, n=8)}
         report = EvalReport(run_id="run", round=0, split="dev", cells=cells, decision="promote", reason="test")
         decide(store, record, report)
     return folder

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from autoevolve.config import ConfigError, load_config
+from autoevolve.config import ConfigError, RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,10 +51,22 @@ def test_quickstart_loads() -> None:
             f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: ppo}}\n",
             "distill.trainer: Input should be 'sft', 'dpo' or 'grpo'",
         ),
-        (f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{beta: 0}}\n", "distill.beta: Input should be greater than 0"),
         (
-            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: grpo, batch_size: 6, generations: 4}}\n",
-            "distill: Value error, batch_size x grad_accum (6) must be a multiple of generations (4) for grpo",
+            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: dpo, dpo: {{beta: 0}}}}\n",
+            "distill.dpo.beta: Input should be greater than 0",
+        ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: grpo, batch_size: 6, grpo: {{generations: 4}}}}\n",
+            "distill: Value error, distill.batch_size x distill.grad_accum (6) must be a multiple of "
+            "distill.grpo.generations (4): each grpo step trains on whole groups of replies",
+        ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: grpo, grpo: {{genrations: 2}}}}\n",
+            "distill.grpo.genrations: unknown key",
+        ),
+        (
+            f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: dpo, rehearse: true}}\n",
+            "distill.rehearse: Value error, only trainer sft rehearses (the trainer is dpo); set rehearse: false",
         ),
         (
             f"hcp: {ROOT}/prompts/bfcl.yaml\nenv: {{name: fncall, args: {{path: {ROOT}/autoevolve/envs/data/"
@@ -94,6 +107,49 @@ def test_quickstart_loads() -> None:
 def test_bad_configs_name_the_field(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize(
+    ("distill", "message"),
+    [
+        (
+            "{grpo: {generations: 2}}",
+            "distill.grpo: Value error, set only with distill.trainer: grpo (the trainer is sft)",
+        ),
+        ("{trainer: grpo, dpo: {beta: 0.2}}", "distill.dpo: Value error, set only with distill.trainer: dpo"),
+        (
+            "{trainer: sft, beta: 0.1}",  # the flat form of before: a trainer's own setting beside the shared ones
+            "distill: Value error, distill.beta is dpo's own setting: set distill.dpo.beta, with distill.trainer: dpo",
+        ),
+        ("{trainer: dpo, generations: 2}", "distill.generations is grpo's own setting: set distill.grpo.generations"),
+    ],
+)
+def test_a_trainers_own_setting_is_refused_under_another_trainer(tmp_path: Path, distill: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(_write(tmp_path, f"hcp: {ROOT}/prompts/life.yaml\ndistill: {distill}\n"))
+
+
+def test_the_selected_trainers_section_round_trips(tmp_path: Path) -> None:
+    text = "distill: {trainer: grpo, batch_size: 4, epochs: 1, grpo: {generations: 2, kl: 0.05}}\n"
+    config = load_config(_write(tmp_path, f"hcp: {ROOT}/prompts/life.yaml\n{text}"))
+    d = config.distill
+    assert (d.trainer, d.batch_size, d.epochs, d.sft, d.dpo) == ("grpo", 4, 1, None, None)
+    assert (d.grpo.generations, d.grpo.kl, d.grpo.completion_tokens) == (2, 0.05, 96)  # 96: the default
+    again = RunConfig.model_validate_json(config.model_dump_json())  # as a deployment's parameters arrive
+    assert again.distill == d and again.model_dump() == config.model_dump()
+    dumped = yaml.safe_dump({"hcp": str(config.hcp), "distill": d.model_dump(exclude_none=True)})
+    assert load_config(_write(tmp_path, dumped)).distill == d
+    # A trainer left without its section runs with that section's defaults, and a dump records them.
+    dpo = load_config(_write(tmp_path, f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: dpo}}\n")).distill
+    assert dpo.model_dump()["dpo"] == {"beta": 0.1} and dpo.grpo is None
+    assert load_config(ROOT / "configs/loop.yaml").distill.sft.share_prefix is True
+
+
+def test_reading_a_config_loads_no_trainer_or_rollout_engine() -> None:
+    heavy = ("torch", "trl", "transformers", "autoevolve.rollout", "autoevolve.distill.grpo")
+    code = f"import sys, autoevolve.config; print([m for m in sys.modules if m.startswith({heavy!r})])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_router_config_builds_its_environment() -> None:

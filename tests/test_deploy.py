@@ -71,7 +71,7 @@ def test_prefect_yaml_passes_prefects_loader_and_matches_the_run_config_defaults
     from prefect.utilities.templating import apply_values
     from rich.console import Console
 
-    from flows.deploy import gpu_job_variables
+    from autoevolve_flows.deploy import gpu_job_variables
 
     PrefectYamlModel.model_validate(yaml.safe_load((ROOT / "prefect.yaml").read_text()))  # raises on a bad field
     said = io.StringIO()
@@ -203,7 +203,7 @@ def test_prefect_deploy_all_makes_the_deployments_of_prefect_yaml(pools) -> None
 
 @pytest.mark.parametrize(("zone", "date"), [("UTC", "2026-11-30"), ("America/Los_Angeles", "2026-11-29")])
 def test_a_scheduled_run_is_named_after_the_config_and_its_scheduled_date(tmp_path: Path, zone: str, date: str):
-    from flows.deploy import scheduled_run_id
+    from autoevolve_flows.deploy import scheduled_run_id
 
     path = tmp_path / "quickstart.yaml"
     path.write_text(f"hcp: {ROOT}/prompts/life.yaml\ndeploy: {{timezone: {zone}}}\n")
@@ -250,7 +250,7 @@ def _serving(entrypoint: str, name: str, deployment: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def served(prefect_harness):
     """The distill stage flow, served."""
-    with _serving("flows/stages.py:distill_flow", "test-remote", DEPLOYMENT) as deployment:
+    with _serving("flows/stage_flows.py:distill_flow", "test-remote", DEPLOYMENT) as deployment:
         yield deployment
 
 
@@ -267,7 +267,7 @@ def test_a_round_distils_on_the_deployment_and_loads_the_adapter_it_registered(
         DeploymentFilterId,
     )
 
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
     from tests.test_resume import _config, _prepared_store
 
     extra = f"select: {{train_tasks: 12}}\ndistill: {{epochs: 1, batch_size: 4, deployment: {served}}}\n"
@@ -295,13 +295,13 @@ def test_a_round_distils_on_the_deployment_and_loads_the_adapter_it_registered(
         )
     assert run.state.is_completed() and run.parameters["round"] == 0
     assert run.parameters["config"]["distill"]["deployment"] == served and run.parent_task_run_id is not None
-    assert f"{report['eval']['adapter_original']:.3f} [" in markdown.data
+    assert f"{report['eval']['new_original']:.3f} [" in markdown.data
     assert f"**Gate (dev, 4 tasks): {report['gate']['decision']}**" in markdown.data
 
 
 def _remote_error(tmp_path: Path, model_dir: Path, deployment: str, extra: str = "") -> str:
     """The error of distilling remotely for a run whose stages 1-2 never ran."""
-    from flows.round import remote_stage
+    from autoevolve_flows.round import remote_stage
     from tests.test_resume import _config
     from tests.test_select import NoCalls
 
@@ -335,7 +335,7 @@ def test_a_remote_stage_nobody_serves_or_deployed_says_so(tmp_path: Path, pools,
     )
     # Deployed on the GPU pool, but no worker polls it: the round stops waiting after deploy.remote_timeout_s.
     storage = LocalStorage(str(ROOT))
-    RunnerDeployment.from_storage(storage, "flows/stages.py:distill_flow", "unpolled", work_pool_name=GPU).apply()
+    RunnerDeployment.from_storage(storage, "flows/stage_flows.py:distill_flow", "unpolled", work_pool_name=GPU).apply()
     extra = "deploy: {remote_timeout_s: 1}\n"
     said = _remote_error(tmp_path / "unpolled", tiny_model_dir, "autoevolve-distill/unpolled", extra)
     assert said.endswith(f"is still Scheduled after 1 s (is a worker polling work pool '{GPU}'?)")

@@ -68,7 +68,7 @@ def test_the_walkthrough_runs_a_round_and_eval_scores_its_adapter(
     assert report["selected"] >= 1 and Path(report["adapter_path"], "adapter_model.safetensors").is_file()
     assert report["eval"]["n_tasks"] == 32
     scored = json.loads((tmp_path / "trajectories/runs/units/eval.json").read_text())
-    cell = "adapter_original" if report["promoted"] else "base_original"  # eval scores the live version
+    cell = "new_original" if report["promoted"] else "live_original"  # eval scores the live version
     assert scored["n_tasks"] == 32 and scored["run_id"] == "units-eval"
     assert scored["mean"] == pytest.approx(report["eval"][cell], abs=1e-9)
     assert f"mean reward {scored['mean']:.3f}" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import pytest
 from autoevolve.envs.life import LifeEnv
 from autoevolve.evaluate import (
     bootstrap_ci,
-    format_table,
+    decline,
     gate,
     gate_decision,
     guard_check,
@@ -20,6 +20,7 @@ from autoevolve.evaluate import (
 from autoevolve.hcp import Decoding, HCPConfig
 from autoevolve.records import Message, Trajectory
 from autoevolve.store import Store
+from autoevolve.twobytwo import format_table
 from autoevolve.workbench import Workbench
 from tests.test_select import NoCalls
 
@@ -56,7 +57,8 @@ def _put(store: Store, tasks, adapter: str, hcp: HCPConfig, rewards: list[float]
 
 
 def _gate(tmp_path, adapter_wins: list[float], evolved_rewards: list[float]):
-    """Gate a candidate whose per-task rewards under the original config are ``adapter_wins`` (base: all 0)."""
+    """Gate a candidate whose per-task rewards under the original config are ``adapter_wins`` (the live adapter,
+    here the bare base model: all 0)."""
     env = LifeEnv(tiers=(1,))
     tasks = env.tasks("dev")[: len(adapter_wins)]
     original = ORIGINAL
@@ -82,9 +84,19 @@ def test_a_clear_gain_is_promoted_with_its_retention(tmp_path) -> None:
     assert report.decision == "promote" and report.gain == 1.0 and report.gain_ci == (1.0, 1.0)
     assert report.p_value == 1 / 256 and "p = 0.0039; required: gain > 0.000 and p < 0.025" in report.reason
     assert report.retention == pytest.approx(2.0)  # the adapter gained 1.0 where the evolved prompt gained 0.5
-    assert set(report.cells) == {"base_original", "base_evolved", "adapter_original", "adapter_evolved"}
-    assert report.cells["base_evolved"].ci[0] < 0.5 < report.cells["base_evolved"].ci[1]
+    assert set(report.cells) == {"live_original", "live_evolved", "new_original", "new_evolved"}
+    assert report.cells["live_evolved"].ci[0] < 0.5 < report.cells["live_evolved"].ci[1]
     assert test.decision == "report" and "+1.000 [+1.000, +1.000], p = 0.0039, retention 2.00" in format_table(test)
+
+
+def test_a_declined_promotion_is_stored_as_a_reject_with_why(tmp_path) -> None:
+    report, _ = _gate(tmp_path, [1.0] * 8, [1.0] * 4 + [0.0] * 4)
+    with Store(tmp_path / "s.duckdb") as store:
+        bench = Workbench(NoCalls(), LifeEnv(tiers=(1,)), store, run_id="r", progress=None)
+        declined = decline(bench, report, "declined: too soon")
+        assert store.evaluations("r")[0] == declined  # it replaced the gate's promotion
+    assert declined.decision == "reject" and declined.gain == report.gain
+    assert declined.reason == f"{report.reason}; not approved: declined: too soon"
 
 
 def test_a_gain_that_is_not_significant_is_rejected(tmp_path) -> None:
@@ -133,7 +145,7 @@ def test_a_tier_that_drops_beyond_the_tolerance_rejects_a_gain(tmp_path) -> None
         loose = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks, tier_tolerance=0.3)
         strict = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks, tier_tolerance=0.2)
         plain = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks)
-    cells = ("base_original", "base_evolved", "adapter_original", "adapter_evolved")
+    cells = ("live_original", "live_evolved", "new_original", "new_evolved")
     assert (
         loose.tiers
         == strict.tiers
@@ -159,10 +171,10 @@ def test_evolved_cells_on_fewer_tasks_read_retention_on_those_tasks_only(tmp_pat
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         report = gate(bench, ORIGINAL, evolved, "", "L1@v2", tasks, evolved_tasks=4)
         test = held_out(bench, ORIGINAL, evolved, "", "L1@v2", tasks, evolved_tasks=4)
-    assert report.cells["base_evolved"].n == 4 and report.cells["adapter_original"].n == 8
+    assert report.cells["live_evolved"].n == 4 and report.cells["new_original"].n == 8
     assert report.gain == 0.5  # the decision reads all 8 original-config tasks
     assert report.retention == pytest.approx(4.0)  # gain 1.0 on those 4 tasks where the evolved prompt gained 0.25
-    assert report.tiers["1"]["base_evolved"] == 0.5 and report.tiers["2"]["n_tasks"] == 4
+    assert report.tiers["1"]["live_evolved"] == 0.5 and report.tiers["2"]["n_tasks"] == 4
     assert test.reason == "held-out table on 8 test tasks (evolved config on the first 4); it decides nothing"
 
 
@@ -185,13 +197,13 @@ def test_a_grammar_evolved_config_adds_the_grammar_cell_and_its_retention(tmp_pa
         _put(store, tasks, "", free, [1.0] * 4)
         _put(store, tasks, "L1@v2", free, [1.0] * 4)
         plain = held_out(bench, ORIGINAL, free, "", "L1@v2", tasks)
-    assert test.cells["base_grammar"].mean == 1.0 and test.cells["base_grammar"].hcp_id == grammar.id
+    assert test.cells["live_grammar"].mean == 1.0 and test.cells["live_grammar"].hcp_id == grammar.id
     assert test.grammar_retention == pytest.approx(0.75)
-    assert "base_grammar" not in plain.cells and plain.grammar_retention is None
+    assert "live_grammar" not in plain.cells and plain.grammar_retention is None
 
 
 def _gate_trial(rng: random.Random, edge: float, n: int = 24, levels: int = 4) -> bool:
-    """One simulated gate on ``n`` dev tasks: per task a difficulty, the base's reward and the candidate's (true
+    """One simulated gate on ``n`` dev tasks: per task a difficulty, the live adapter's reward and the candidate's (true
     skill ``edge`` higher) drawn around it on ``levels`` reward steps; whether the gate would promote."""
 
     def draw(p: float) -> float:
@@ -221,6 +233,6 @@ def test_the_sign_flip_p_value_is_exact_on_small_samples() -> None:
 def test_past_the_exact_limit_the_sign_flip_p_value_is_drawn_close_to_the_exact_one(monkeypatch) -> None:
     diffs = [1.0] * 14 + [-1.0] * 4 + [0.5, -0.25, 0.75]
     exact = sign_flip_p(diffs)
-    monkeypatch.setattr("autoevolve.evaluate.EXACT_SUMS", 4)  # count no sums: draw the flips
+    monkeypatch.setattr("autoevolve.stats.EXACT_SUMS", 4)  # count no sums: draw the flips
     drawn = sign_flip_p(diffs, seed=1)
     assert drawn != exact and drawn == sign_flip_p(diffs, seed=1) and abs(drawn - exact) < 0.005

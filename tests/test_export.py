@@ -76,10 +76,10 @@ def _traj(task_id: str, split: str, hcp: HCPConfig, round: int, adapter: str, wo
     )
 
 
-def _cells(original: HCPConfig, evolved: HCPConfig, base: str, means: tuple[float, ...], n: int) -> dict[str, Cell]:
-    """A 2x2 with the given means (base_original, base_evolved, adapter_original, adapter_evolved)."""
-    adapters = {"base": base, "adapter": f"L1-life@v{2 if base else 1}"}
-    names = [(a, c) for a in ("base", "adapter") for c in ("original", "evolved")]
+def _cells(original: HCPConfig, evolved: HCPConfig, live: str, means: tuple[float, ...], n: int) -> dict[str, Cell]:
+    """A 2x2 with the given means (live_original, live_evolved, new_original, new_evolved)."""
+    adapters = {"live": live, "new": f"L1-life@v{2 if live else 1}"}
+    names = [(a, c) for a in ("live", "new") for c in ("original", "evolved")]
     return {
         f"{a}_{c}": Cell(
             adapter=adapters[a],
@@ -94,9 +94,9 @@ def _cells(original: HCPConfig, evolved: HCPConfig, base: str, means: tuple[floa
 
 
 def _report(split: str, round: int, cells: dict[str, Cell], decision: str) -> EvalReport:
-    """An evaluation whose gain is adapter_original - base_original."""
-    gain = cells["adapter_original"].mean - cells["base_original"].mean
-    prompt = cells["base_evolved"].mean - cells["base_original"].mean
+    """An evaluation whose gain is new_original - live_original."""
+    gain = cells["new_original"].mean - cells["live_original"].mean
+    prompt = cells["live_evolved"].mean - cells["live_original"].mean
     return EvalReport(
         run_id=RUN,
         round=round,

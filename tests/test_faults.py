@@ -24,7 +24,7 @@ def test_a_round_completes_and_counts_the_rollouts_the_endpoint_failed(
     fault: str,
     capfd,
 ) -> None:
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     url, state = fake
     env = LifeEnv(tiers=(1,), n_train=16, n_dev=4, n_test=4)
@@ -83,7 +83,7 @@ def test_the_api_key_never_reaches_the_store_the_reports_the_logs_or_the_artifac
 ) -> None:
     from prefect import get_client
 
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     key = "sk-test-5ecret-c0de-9f1e"
     monkeypatch.setenv("AUTOEVOLVE_TEST_KEY", key)
@@ -116,7 +116,7 @@ def test_a_stage_stops_when_most_of_a_batch_fails_alike_at_the_endpoint(
     fake,  # noqa: F811 - the fixture imported above
 ) -> None:
     from autoevolve.workbench import EndpointDown
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     url, state = fake
     env = LifeEnv(tiers=(1,), n_train=16, n_dev=4, n_test=4)
@@ -144,7 +144,7 @@ def test_stages_are_retried_on_transient_errors_only() -> None:
     from autoevolve.config import ConfigError
     from autoevolve.store import StoreBusy
     from autoevolve.workbench import EndpointDown
-    from flows.round import evolve_stage, retry_transient
+    from autoevolve_flows.round import evolve_stage, retry_transient
 
     def retried(error: BaseException) -> bool:
         return retry_transient(evolve_stage, None, Failed(data=error))

@@ -34,7 +34,7 @@ def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, 
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.logging.handlers import APILogHandler
 
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     state = round_flow(_tiny_config(tmp_path, tiny_model_dir), return_state=True)
     report = state.result()
@@ -59,7 +59,7 @@ def test_round_flow_reports_an_empty_selection(tmp_path: Path, prefect_harness, 
 
 
 def test_loop_flow_runs_rounds_in_turn(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
-    from flows.loop import loop_flow
+    from autoevolve_flows.loop_flow import loop_flow
 
     reports = loop_flow(_tiny_config(tmp_path, tiny_model_dir, "rounds: 2\n"))
     assert [r["round"] for r in reports] == [0, 1]
@@ -92,7 +92,7 @@ def test_approval_pauses_the_flow_until_a_person_answers(
     from prefect.runtime import flow_run
 
     from autoevolve import loop
-    from flows.round import approval
+    from autoevolve_flows.round import approval
     from tests.approval_flow import gate_report
     from tests.test_select import NoCalls
 
@@ -124,7 +124,7 @@ def test_approval_pauses_the_flow_until_a_person_answers(
 
 
 def test_the_router_environment_runs_through_the_same_round(tmp_path: Path, prefect_harness, tiny_model_dir) -> None:
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     path = tmp_path / "router.yaml"
     path.write_text(
@@ -151,7 +151,7 @@ def test_the_flows_run_offline_outside_make() -> None:
 
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_OFFLINE")}
     code = (
-        "import flows.stages, logging, os; from prefect.settings import get_current_settings as s; "
+        "import autoevolve_flows.stage_flows, logging, os; from prefect.settings import get_current_settings as s; "
         "from prefect.logging.handlers import APILogHandler as H; "
         "print(s().server.analytics_enabled, os.environ['HF_HUB_OFFLINE'], "
         "any(isinstance(h, H) for h in logging.getLogger('autoevolve').handlers))"
@@ -163,7 +163,7 @@ def test_the_flows_run_offline_outside_make() -> None:
 
 
 def test_the_loop_runs_a_round_again_after_a_transient_error_only(prefect_harness, monkeypatch) -> None:
-    import flows.loop
+    import autoevolve_flows.loop_flow
     from autoevolve.store import StoreBusy
 
     calls: list[int] = []
@@ -176,13 +176,34 @@ def test_the_loop_runs_a_round_again_after_a_transient_error_only(prefect_harnes
         return round_flow
 
     config = load_config(ROOT / "configs/quickstart.yaml")
-    monkeypatch.setattr(flows.loop, "RETRY_DELAY_S", 0.0)
-    monkeypatch.setattr(flows.loop, "round_flow", failing([StoreBusy("held"), ValueError("bad data")]))
+    monkeypatch.setattr(autoevolve_flows.loop_flow, "RETRY_DELAY_S", 0.0)
+    monkeypatch.setattr(autoevolve_flows.loop_flow, "round_flow", failing([StoreBusy("held"), ValueError("bad data")]))
     with pytest.raises(ValueError, match="bad data"):
-        flows.loop.loop_flow(config)
+        autoevolve_flows.loop_flow.loop_flow(config)
     assert calls == [0, 0]  # the busy store: once more; the data error then stops the loop
     calls.clear()
-    monkeypatch.setattr(flows.loop, "round_flow", failing([ValueError("bad field")]))
+    monkeypatch.setattr(autoevolve_flows.loop_flow, "round_flow", failing([ValueError("bad field")]))
     with pytest.raises(ValueError, match="bad field"):
-        flows.loop.loop_flow(config)
+        autoevolve_flows.loop_flow.loop_flow(config)
     assert calls == [0]
+
+
+def test_a_round_runs_as_library_code_without_prefect(tmp_path: Path, tiny_model_dir) -> None:
+    import subprocess
+    import sys
+
+    _tiny_config(tmp_path, tiny_model_dir)  # writes tiny.yaml
+    code = (
+        "import json, sys; from autoevolve import loop; from autoevolve.config import load_config; "
+        f"r = loop.open_round(load_config({str(tmp_path / 'tiny.yaml')!r})); report = loop.run_round(r); "
+        "r.bench.store.close(); "
+        "print(json.dumps({'report': report, 'prefect': any(m.split('.')[0] == 'prefect' for m in sys.modules)}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    report = out["report"]
+    assert out["prefect"] is False
+    assert report["selected"] == 0 and "eval" not in report and set(report["seconds"]) == {"plan", "evolve", "select"}
+    assert [c["mutator"] for c in report["candidates"]] == ["seed", "tool_format"]
+    assert json.loads((tmp_path / "runs" / "tiny" / "report.json").read_text()) == report

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoevolve.inspect import best_diff, reply, round_summary, search_progress, training_curves, two_by_two, wins
+from autoevolve.inspection import best_diff, reply, round_summary, search_progress, training_curves, two_by_two, wins
 from autoevolve.lineage import LineageError
 from autoevolve.records import AdapterRecord, Message, ToolCall
 from autoevolve.store import Store
@@ -52,7 +52,7 @@ def test_round_summary_has_one_row_per_round(built: Path) -> None:
     assert frame["candidates"].tolist() == [3, 2] and frame["kept"].tolist() == [1, 1]
     assert frame["dev_original"].tolist() == [0.0, 0.5] and frame["dev_best"].tolist() == [0.5, 0.75]
     assert frame["decision"].tolist() == ["promote", "reject"] and frame["dev_gain"].tolist() == [0.625, 0.0]
-    assert frame.loc[0, ["base_original", "base_evolved", "adapter_original", "adapter_evolved"]].tolist() == [
+    assert frame.loc[0, ["live_original", "live_evolved", "new_original", "new_evolved"]].tolist() == [
         0.0,
         0.5,
         0.75,
@@ -66,11 +66,11 @@ def test_two_by_two_is_the_test_report(built: Path) -> None:
         frame = two_by_two(store, RUN, 1)
         with pytest.raises(LineageError, match="no test evaluation for run 'demo' round 7"):
             two_by_two(store, RUN, 7)
-    assert frame.index.tolist() == ["base", "adapter"]
+    assert frame.index.tolist() == ["live", "new"]
     assert frame["original"]["mean"].tolist() == [0.75, 0.75] and frame["evolved"]["mean"].tolist() == [0.875] * 2
-    assert frame.loc["base", ("evolved", "ci_low")] == 0.775 and frame.loc["base", ("evolved", "ci_high")] == 0.975
+    assert frame.loc["live", ("evolved", "ci_low")] == 0.775 and frame.loc["live", ("evolved", "ci_high")] == 0.975
     assert frame["original"]["prompt_tokens"].tolist() == [254.0, 254.0] and frame["evolved"]["n"].tolist() == [8, 8]
-    assert frame.attrs["adapters"] == {"base": ADAPTER, "adapter": "L1-life@v2"} and frame.attrs["gain"] == 0.0
+    assert frame.attrs["adapters"] == {"live": ADAPTER, "new": "L1-life@v2"} and frame.attrs["gain"] == 0.0
 
 
 def test_wins_put_both_replies_side_by_side(built: Path) -> None:
@@ -118,10 +118,12 @@ def test_cli_inspect_prints_counts_rounds_and_the_last_2x2(built: Path) -> None:
     assert lines[2].split()[:3] == ["round", "rollouts", "candidates"]
     assert lines[3].split()[:8] == ["0", "12", "3", "1", "0.000", "0.500", "3", "promote"]
     assert lines[4].split()[:8] == ["1", "4", "2", "1", "0.500", "0.750", "2", "reject"]
-    assert lines[6] == "test 2x2, round 1 (mean [95% CI], prompt tokens)"
-    assert lines[8].split() == f"base {ADAPTER} 0.750 [0.650, 0.850] 254 0.875 [0.775, 0.975] 423".split()
-    assert lines[9].split()[:3] == ["adapter", "L1-life@v2", "0.750"]
-    assert lines[10] == "gain +0.000 [-0.050, +0.050], retention 0.00, n 8"
+    assert lines[6] == "round 1, test split, 8 tasks, mean reward [95% CI]"
+    assert lines[7].split() == ["adapter", "original", "config", "evolved", "config"]
+    assert lines[8].split() == f"live adapter A_r {ADAPTER} 0.750 [0.650, 0.850] 0.875 [0.775, 0.975]".split()
+    assert lines[9].split()[:5] == ["new", "adapter", "A_r+1", "L1-life@v2", "0.750"]
+    assert lines[10].split() == ["prompt", "tokens", "254", "423"]
+    assert lines[11] == "gain +0.000 [-0.050, +0.050], retention 0.00"
 
 
 def test_cli_inspect_unknown_run_or_store_exits_2(built: Path, tmp_path: Path) -> None:

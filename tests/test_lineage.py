@@ -67,7 +67,7 @@ def test_a_store_held_by_a_running_round_is_read_from_its_snapshot(searched) -> 
 
 
 def test_selections_lists_items_and_preference_pairs(env, original, tmp_path) -> None:
-    from autoevolve.select import select
+    from autoevolve.selection import select
     from autoevolve.workbench import Workbench
 
     path = tmp_path / "s.duckdb"

@@ -39,7 +39,7 @@ def _adapter(path: Path, base: str = BASE, weights: str = "adapter_model.safeten
 def _report(decision: str) -> EvalReport:
     cell = Cell(adapter="", hcp_id="h0", mean=0.5, n=8)
     return EvalReport(
-        run_id="r", round=0, split="dev", cells={"base_original": cell}, decision=decision, reason=f"{decision} because"
+        run_id="r", round=0, split="dev", cells={"live_original": cell}, decision=decision, reason=f"{decision} because"
     )
 
 

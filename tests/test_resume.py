@@ -193,14 +193,16 @@ def test_distillation_killed_mid_training_resumes_to_the_same_adapter(
     _prepared_store(whole)
     (tmp_path / "killed").mkdir()
     shutil.copy(tmp_path / "whole" / "s.duckdb", tmp_path / "killed" / "s.duckdb")
-    code, _ = _run(["flows.stages", "distill", str(whole), "--round", "0"])
+    code, _ = _run(["autoevolve_flows.stage_flows", "distill", str(whole), "--round", "0"])
     assert code == 0
-    code, log = _run(["flows.stages", "distill", str(killed), "--round", "0"], kill_after=" train (loss", count=3)
+    code, log = _run(
+        ["autoevolve_flows.stage_flows", "distill", str(killed), "--round", "0"], kill_after=" train (loss", count=3
+    )
     assert code == -signal.SIGKILL
     with Store(tmp_path / "killed" / "s.duckdb", read_only=True) as store:
         assert store.adapters() == [] and store.stage_result("resume", 0, "distill") is None
 
-    code, log = _run(["flows.stages", "distill", str(killed), "--round", "0"])
+    code, log = _run(["autoevolve_flows.stage_flows", "distill", str(killed), "--round", "0"])
     assert code == 0
     with Store(tmp_path / "killed" / "s.duckdb", read_only=True) as store:
         [adapter] = store.adapters()  # one version, not one per attempt
@@ -215,7 +217,7 @@ def test_distillation_killed_mid_training_resumes_to_the_same_adapter(
     assert any(k for k in weights[0] if "lora_B" in k and weights[0][k].abs().sum() > 0)  # it did train
 
     # Run again: the finished stage is loaded, not trained a second time.
-    code, log = _run(["flows.stages", "distill", str(killed), "--round", "0"])
+    code, log = _run(["autoevolve_flows.stage_flows", "distill", str(killed), "--round", "0"])
     assert code == 0 and "distill: finished before" in log and "train (loss" not in log
     with Store(tmp_path / "killed" / "s.duckdb", read_only=True) as store:
         assert len(store.adapters()) == 1

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from autoevolve import registry
 from autoevolve.config import load_config
-from autoevolve.distill import SFTSettings, render_examples, train_sft
+from autoevolve.distill import TrainSettings, render_examples, train_sft
 from autoevolve.envs import make_env
 from autoevolve.evaluate import gate
 from autoevolve.records import Trajectory
@@ -44,7 +44,7 @@ def _small(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def round_run(tmp_path_factory, prefect_harness, smol_policy):  # noqa: ANN001, ANN201
     """One real round: its config, its report, and the serving weights before it."""
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     tmp_path = tmp_path_factory.mktemp("round")
     config = load_config(_small(tmp_path))
@@ -82,7 +82,7 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
     saved = json.loads((Path(report["adapter_path"]) / "adapter_config.json").read_text())
     assert saved["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     on_disk = json.loads((tmp_path / "runs" / "it-round" / "report.json").read_text())
-    assert set(on_disk["eval"]) >= {"base_original", "base_evolved", "adapter_original", "adapter_evolved", "n_tasks"}
+    assert set(on_disk["eval"]) >= {"live_original", "live_evolved", "new_original", "new_evolved", "n_tasks"}
     assert on_disk["eval"]["n_tasks"] == 8 and set(on_disk["seconds"]) == {
         "plan",
         "evolve",
@@ -96,7 +96,7 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
 
 
 @pytest.mark.integration
-def test_eval_reproduces_the_reports_adapter_original_cell(round_run, smol_policy, capsys) -> None:
+def test_eval_reproduces_the_reports_new_original_cell(round_run, smol_policy, capsys) -> None:
     from autoevolve import cli
 
     config, report, _ = round_run
@@ -105,7 +105,7 @@ def test_eval_reproduces_the_reports_adapter_original_cell(round_run, smol_polic
         patch.setattr("autoevolve.loop.make_policy", lambda config: smol_policy)
         assert cli.main(["eval", str(path), "--adapter", report["adapter"], "--tasks", "8"]) == 0
     scored = json.loads((Path(config.run_dir) / "it-round" / "eval.json").read_text())
-    assert scored["mean"] == pytest.approx(report["eval"]["adapter_original"], abs=1e-9)
+    assert scored["mean"] == pytest.approx(report["eval"]["new_original"], abs=1e-9)
     assert scored["adapter"] == report["adapter"] and scored["hcp"]["id"] == config.original_hcp().id
     with Store(config.store, read_only=True) as store:
         assert store.count_trajectories("it-round-eval") == 8  # rolled out again, under the eval's own run id
@@ -114,7 +114,7 @@ def test_eval_reproduces_the_reports_adapter_original_cell(round_run, smol_polic
 
 def _train(policy, store: Store, examples: list, out: Path, parent=None):  # noqa: ANN001, ANN202
     """LoRA-SFT SmolLM2 on examples (from ``parent`` if given), register it and load it into the policy."""
-    settings = SFTSettings(epochs=2, batch_size=4, learning_rate=2e-3)
+    settings = TrainSettings(epochs=2, batch_size=4, learning_rate=2e-3)
     result = train_sft(examples, policy.model_name, out, settings, init_adapter=parent.path if parent else None)
     record = registry.register(
         store,
@@ -158,8 +158,8 @@ def test_the_gate_promotes_a_good_adapter_and_rejects_a_planted_bad_one(tmp_path
         live = store.promoted_adapter("L1-life")
     assert first.decision == "promote" and first.gain_ci[0] > 0 and good.status == "promoted"
     cells = second.cells  # base = the good adapter now
-    assert cells["base_original"].mean == first.cells["adapter_original"].mean > 0
-    assert cells["adapter_original"].mean < cells["base_original"].mean and second.gain < 0
+    assert cells["live_original"].mean == first.cells["new_original"].mean > 0
+    assert cells["new_original"].mean < cells["live_original"].mean and second.gain < 0
     assert second.decision == "reject" and "(needs a gain above the minimum)" in second.reason
     assert bad.status == "rejected" and bad.reason == second.reason and Path(bad.path).is_dir()  # kept, with why
     assert live == good  # the live version is untouched

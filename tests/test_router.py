@@ -66,7 +66,7 @@ def _fresh_adapter(out: Path, seed: int) -> str:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from autoevolve.distill.sft import _save
+    from autoevolve.distill.fit import save_adapter
     from autoevolve.model import EMBEDDED, base_model_id, load
 
     torch.manual_seed(seed)
@@ -74,7 +74,7 @@ def _fresh_adapter(out: Path, seed: int) -> str:
     lora = get_peft_model(
         model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     )
-    return str(_save(lora, out, base_model_id(EMBEDDED)))
+    return str(save_adapter(lora, out, base_model_id(EMBEDDED)))
 
 
 @pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
-from autoevolve.select import preference_pairs, select, selected_trajectories
+from autoevolve.selection import preference_pairs, select, selected_trajectories
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 

@@ -370,8 +370,8 @@ def test_adapter_versioning_and_promotion(store: Store) -> None:
 
 def test_evaluation_upsert(store: Store) -> None:
     cells = {
-        "base_original": Cell(adapter="", hcp_id="h0", mean=0.4, n=40, prompt_tokens=812.5),
-        "adapter_original": Cell(adapter="L1@v1", hcp_id="h0", mean=0.7, n=40),
+        "live_original": Cell(adapter="", hcp_id="h0", mean=0.4, n=40, prompt_tokens=812.5),
+        "new_original": Cell(adapter="L1@v1", hcp_id="h0", mean=0.7, n=40),
     }
     r = EvalReport(run_id="run1", round=1, split="dev", cells=cells, decision="reject", reason="")
     store.put_evaluation(r)

@@ -1,11 +1,20 @@
-"""Stage 3, context distillation: train a LoRA so the original short config behaves like the evolved one."""
+"""Stage 3, context distillation: train a LoRA so the original short config behaves like the evolved one.
+
+Importing this package loads no torch, TRL or rollout engine (run configs read ``autoevolve.distill.settings``);
+the trainers import those when they run.
+"""
 
 from autoevolve.distill.dataset import build_dataset, native_tools, render_examples, tokenize_with_assistant_mask
-from autoevolve.distill.sft import SFTSettings, TrainResult, train_sft
+from autoevolve.distill.fit import TrainResult
+from autoevolve.distill.settings import DPOSettings, GRPOSettings, SFTSettings, TrainSettings
+from autoevolve.distill.sft import train_sft
 
 __all__ = [
+    "DPOSettings",
+    "GRPOSettings",
     "SFTSettings",
     "TrainResult",
+    "TrainSettings",
     "build_dataset",
     "native_tools",
     "render_examples",

@@ -17,18 +17,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
 from autoevolve.distill.dataset import assistant_mask, prompt_ids, render_examples
-from autoevolve.distill.sft import SFTSettings, TrainResult, fit, trainer_args
+from autoevolve.distill.fit import TrainResult, fit, trainer_args
+from autoevolve.distill.settings import DPOSettings, TrainSettings
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Task, Trajectory
-
-
-class DPOSettings(SFTSettings):
-    """Hyper-parameters of one LoRA DPO run (the SFT ones, plus the preference temperature)."""
-
-    beta: float = Field(default=0.1, gt=0, description="DPO beta: how far the adapter may move from the reference.")
 
 
 def preference_examples(
@@ -51,10 +44,12 @@ def train_dpo(
     rows: list[dict[str, list[dict]]],
     model_name: str,
     out_dir: str | Path,
-    settings: DPOSettings,
+    settings: TrainSettings,
     init_adapter: str | None = None,
+    dpo: DPOSettings | None = None,
 ) -> TrainResult:
-    """Train a LoRA adapter with DPO (continuing from ``init_adapter`` if given) and save it to ``out_dir``."""
+    """Train a LoRA adapter with DPO (continuing from ``init_adapter`` if given) and save it to ``out_dir``; ``dpo``
+    holds DPO's own settings (defaults if None)."""
     from datasets import Dataset
     from trl import DPOTrainer
 
@@ -66,7 +61,7 @@ def train_dpo(
             return dataset  # tokenised by preference_dataset, with the assistant masks TRL would not make
 
     def build(model: Any, tokenizer: Any, output_dir: str, cuda: bool) -> tuple[Any, int]:
-        args = _config(settings, output_dir, cuda)
+        args = _config(settings, dpo or DPOSettings(), output_dir, cuda)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         collator = assistant_only_collator(pad, args.max_length, args.truncation_mode)
         data = Dataset.from_dict(preference_dataset(rows, tokenizer))
@@ -120,8 +115,8 @@ def assistant_only_collator(
     return AssistantOnly(pad_token_id=pad_token_id, max_length=max_length, truncation_mode=truncation_mode)
 
 
-def _config(settings: DPOSettings, output_dir: str, cuda: bool) -> Any:
+def _config(settings: TrainSettings, dpo: DPOSettings, output_dir: str, cuda: bool) -> Any:
     """TRL DPOConfig: the arguments every trainer shares, plus beta; the mask columns reach the collator."""
     from trl import DPOConfig
 
-    return DPOConfig(**trainer_args(settings, output_dir, cuda), beta=settings.beta, remove_unused_columns=False)
+    return DPOConfig(**trainer_args(settings, output_dir, cuda), beta=dpo.beta, remove_unused_columns=False)

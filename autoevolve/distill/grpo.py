@@ -13,26 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-
-from autoevolve.distill.dpo import DPOSettings
-from autoevolve.distill.sft import TrainResult, fit, trainer_args
+from autoevolve.distill.fit import TrainResult, fit, trainer_args
+from autoevolve.distill.settings import GRPOSettings, TrainSettings
 from autoevolve.envs import Environment
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import chat_text
 from autoevolve.records import Message, Task
 from autoevolve.rollout import score_reply
-
-
-class GRPOSettings(DPOSettings):
-    """Hyper-parameters of one LoRA GRPO run (the SFT ones, plus the group and sampling settings)."""
-
-    generations: int = Field(
-        default=4, ge=2, description="GRPO: replies sampled per prompt; advantages are relative within the group."
-    )
-    completion_tokens: int = Field(default=96, gt=0, description="GRPO: most tokens a sampled reply may have.")
-    temperature: float = Field(default=1.0, gt=0, description="GRPO: sampling temperature of the replies.")
-    kl: float = Field(default=0.0, ge=0, description="GRPO: KL penalty towards the model before training (0: none).")
 
 
 class EnvReward:
@@ -67,10 +54,12 @@ def train_grpo(
     original: HCPConfig,
     model_name: str,
     out_dir: str | Path,
-    settings: GRPOSettings,
+    settings: TrainSettings,
     init_adapter: str | None = None,
+    grpo: GRPOSettings | None = None,
 ) -> TrainResult:
-    """Train a LoRA adapter with GRPO on ``tasks`` (continuing from ``init_adapter`` if given); save to ``out_dir``."""
+    """Train a LoRA adapter with GRPO on ``tasks`` (continuing from ``init_adapter`` if given); save to ``out_dir``.
+    ``grpo`` holds GRPO's own settings (defaults if None)."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -83,7 +72,7 @@ def train_grpo(
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=EnvReward(env, original, {t.id: t for t in tasks}),
-            args=_config(settings, output_dir, cuda),
+            args=_config(settings, grpo or GRPOSettings(), output_dir, cuda),
             train_dataset=Dataset.from_list(rows),
             processing_class=tokenizer,
         )
@@ -92,7 +81,7 @@ def train_grpo(
     return fit(model_name, out_dir, settings, init_adapter, build)
 
 
-def _config(settings: GRPOSettings, output_dir: str, cuda: bool) -> Any:
+def _config(settings: TrainSettings, grpo: GRPOSettings, output_dir: str, cuda: bool) -> Any:
     """TRL GRPOConfig: the shared arguments (prompts are not truncated), plus the group and sampling settings."""
     from trl import GRPOConfig
 
@@ -100,9 +89,9 @@ def _config(settings: GRPOSettings, output_dir: str, cuda: bool) -> Any:
     del shared["max_length"]  # GRPO bounds the completion instead
     return GRPOConfig(
         **shared,
-        num_generations=settings.generations,
-        max_completion_length=settings.completion_tokens,
-        temperature=settings.temperature,
-        beta=settings.kl,
+        num_generations=grpo.generations,
+        max_completion_length=grpo.completion_tokens,
+        temperature=grpo.temperature,
+        beta=grpo.kl,
         activation_checkpointing=False,  # a small model's activations fit; recomputing them only costs time
     )

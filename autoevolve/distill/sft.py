@@ -1,270 +1,57 @@
-"""LoRA SFT on distillation examples with TRL, on CPU (fp32) or one CUDA device (bf16), same code.
+"""LoRA SFT on distillation examples with TRL: loss on assistant tokens only, a batch's shared prompt run once.
 
-A fresh base model is loaded for every run so training never touches the weights the policy serves. The adapter
-is saved in PEFT safetensors format with ``base_model_name_or_path`` set to the base model id, which vLLM needs.
+The training loop itself (the fresh base, the LoRA, saving) is ``autoevolve.distill.fit``'s, shared by every trainer.
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from autoevolve.distill.compact import compact_sft_trainer
 from autoevolve.distill.dataset import build_dataset
-from autoevolve.model import base_model_id, load, native_bf16
-from autoevolve.workbench import print_progress
-
-TRAINING_LOG = "training_log.jsonl"  # in every adapter folder: the trainer's log rows, one JSON object a line
-DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-class SFTSettings(BaseModel):
-    """Hyper-parameters of one LoRA SFT run."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    epochs: float = Field(default=2, gt=0, description="Passes over the examples (fractions allowed).")
-    learning_rate: float = Field(
-        default=1e-3, gt=0, description="Peak AdamW learning rate, decayed linearly to 0; LoRA on 135M takes ~1e-3."
-    )
-    batch_size: int = Field(default=8, ge=1, description="Examples per device step.")
-    grad_accum: int = Field(default=1, ge=1, description="Device steps accumulated into one optimiser step.")
-    lora_r: int = Field(default=16, ge=1, description="LoRA rank.")
-    lora_alpha: int = Field(default=32, ge=1, description="LoRA scaling numerator (scale = alpha / r).")
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_TARGETS), description="Linear layers that get LoRA (never lm_head)."
-    )
-    max_length: int = Field(default=1024, ge=16, description="Tokens kept per example (its start is kept).")
-    precision: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto",
-        description="Matrix products in bf16 with fp32 master weights (mixed precision), or all in fp32. auto: bf16 "
-        "on a CUDA device or a CPU with native bf16 (AVX512-BF16, AMX), fp32 elsewhere.",
-    )
-    share_prefix: bool = Field(
-        default=True,
-        description="SFT: run a batch's common prompt prefix through the model once for all its rows (the loss and "
-        "gradients are unchanged; only the compute shrinks).",
-    )
-    seed: int = Field(default=0, description="Seed for adapter init, data order and dropout.")
-    report_to: list[str] = Field(
-        default_factory=list,
-        description="Also stream the per-step training log to these transformers integrations (tensorboard, "
-        "trackio, mlflow, wandb, ...), each set up as it documents; files they write locally (TensorBoard's event "
-        "files) go to the adapter folder's logs/. The log is always saved there as training_log.jsonl.",
-    )
-
-    @field_validator("report_to")
-    @classmethod
-    def _installed_integrations(cls, names: list[str]) -> list[str]:
-        """Refuse a name transformers does not know, or whose package is missing, before any rollout is spent."""
-        from transformers.integrations.integration_utils import (
-            INTEGRATION_TO_CALLBACK,
-            get_available_reporting_integrations,
-        )
-
-        for name in names:
-            if name not in INTEGRATION_TO_CALLBACK:
-                known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
-                raise ValueError(f"{name!r} is not a transformers integration (known: {known})")
-            if name not in get_available_reporting_integrations():
-                package = name.replace("_", "-")
-                raise ValueError(f"{name!r} needs its package installed (pip install {package})")
-        return names
-
-
-class TrainResult(BaseModel):
-    """What a training run produced."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(description="Folder of the saved PEFT adapter.")
-    steps: int = Field(description="Optimiser steps taken.")
-    train_loss: float = Field(description="Mean training loss over all steps (the Trainer's train_loss).")
-    first_loss: float = Field(description="Loss logged at the first step.")
-    last_loss: float = Field(description="Loss logged at the last step.")
-    seconds: float = Field(description="Wall time of the run, loading and saving included.")
-    examples: int = Field(description="Examples trained on (those with an assistant token within max_length).")
-    tokens: int = Field(default=0, description="Tokens trained on over all epochs, padding excluded.")
-    train_seconds: float = Field(default=0.0, description="Seconds in the training loop (no loading or saving).")
-    first_reward: float | None = Field(default=None, description="GRPO: mean reward of the first step's replies.")
-    last_reward: float | None = Field(default=None, description="GRPO: mean reward of the last step's replies.")
+from autoevolve.distill.fit import TrainResult, fit, progress_callback, trainer_args
+from autoevolve.distill.settings import SFTSettings, TrainSettings
 
 
 def train_sft(
     examples: list[list[dict]],
     model_name: str,
     out_dir: str | Path,
-    settings: SFTSettings,
+    settings: TrainSettings,
     init_adapter: str | None = None,
     progress: Callable[[dict], None] | None = None,
     tools: list[dict] | None = None,
+    sft: SFTSettings | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter on chat examples (loss on assistant tokens only) and save it to ``out_dir``.
 
     With ``init_adapter`` training continues from that adapter and its own rank, alpha and targets (the LoRA fields
-    of ``settings`` are ignored). ``tools`` is the native tool list for the chat template (see ``native_tools``).
+    of ``settings`` are ignored). ``tools`` is the native tool list for the chat template (see ``native_tools``);
+    ``sft`` holds SFT's own settings (defaults if None).
     """
+    own = sft or SFTSettings()
 
     def build(model: Any, tokenizer: Any, output_dir: str, cuda: bool) -> tuple[Any, int]:
         tokenizer.padding_side = "right"  # TRL pads itself on the right; keep the tokenizer consistent with it
         dataset = build_dataset(examples, tokenizer, tools=tools, max_length=settings.max_length)
         trainer = compact_sft_trainer()(
-            share_prefix=settings.share_prefix,
+            share_prefix=own.share_prefix,
             model=model,
             args=_config(settings, output_dir, cuda),
             train_dataset=dataset,
             processing_class=tokenizer,
-            callbacks=[_progress_callback(progress)] if progress else None,
+            callbacks=[progress_callback(progress)] if progress else None,
         )
         return trainer, len(dataset)
 
     return fit(model_name, out_dir, settings, init_adapter, build)
 
 
-Build = Callable[[Any, Any, str, bool], tuple[Any, int]]  # (model, tokenizer, output_dir, cuda) -> (trainer, examples)
-
-
-def fit(
-    model_name: str, out_dir: str | Path, settings: SFTSettings, init_adapter: str | None, build: Build
-) -> TrainResult:
-    """What every trainer shares: seed, a fresh base wrapped in the LoRA (new, or A_r to continue), the TRL trainer
-    ``build`` makes for it, training, and the adapter saved with its base model id."""
-    import torch
-    from transformers import set_seed
-
-    start = time.perf_counter()
-    set_seed(settings.seed)  # before the adapter is created: its A matrices are drawn at random
-    # A fresh copy (the serving policy's weights are never trained); frozen base weights in bf16 under mixed
-    # precision, as on a GPU worker; the LoRA weights stay fp32 (PEFT upcasts adapters of a bf16 base).
-    model, tokenizer = load(model_name, "bfloat16" if mixed_bf16(settings) else "float32")
-    model = _with_adapter(model, settings, init_adapter)
-    with tempfile.TemporaryDirectory(prefix="autoevolve-train-") as tmp:
-        # What an integration writes locally (TensorBoard's event files) is kept beside the adapter.
-        output_dir = str(Path(out_dir) / "logs") if settings.report_to else tmp
-        trainer, examples = build(model, tokenizer, output_dir, torch.cuda.is_available())
-        trainer.add_callback(_progress_callback(_print_step))
-        output = trainer.train()
-    path = _save(trainer.model, out_dir, base_model_id(model_name))
-    rows = trainer.state.log_history  # one row per step (loss, learning rate, grad norm, reward), then a summary
-    (path / TRAINING_LOG).write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-    return trained(trainer, output, path, start, examples)
-
-
-def _with_adapter(model: Any, settings: SFTSettings, init_adapter: str | None) -> Any:
-    """Wrap the base in a new LoRA adapter, or in a saved one to continue training it."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-
-    if init_adapter is not None:
-        return PeftModel.from_pretrained(model, init_adapter, is_trainable=True)
-    config = LoraConfig(
-        r=settings.lora_r,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=settings.lora_dropout,
-        target_modules=list(settings.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
-
-
-def _config(settings: SFTSettings, output_dir: str, cuda: bool) -> Any:
+def _config(settings: TrainSettings, output_dir: str, cuda: bool) -> Any:
     """TRL SFTConfig: the shared training arguments, plus SFT's own."""
     from trl import SFTConfig
 
     # A 135M model's activations fit easily; recomputing them would only cost time.
     return SFTConfig(**trainer_args(settings, output_dir, cuda), weight_decay=0.0, activation_checkpointing=False)
-
-
-def mixed_bf16(settings: SFTSettings) -> bool:
-    """Whether a run trains in bf16 mixed precision (``settings.precision``; auto: where bf16 is native)."""
-    return settings.precision == "bfloat16" or (settings.precision == "auto" and native_bf16())
-
-
-def trainer_args(settings: SFTSettings, output_dir: str, cuda: bool) -> dict[str, Any]:
-    """Arguments every trainer shares: no checkpoints, a log row per step (to ``report_to`` too), seeded,
-    device-aware."""
-    return {
-        "output_dir": output_dir,
-        "num_train_epochs": settings.epochs,
-        "learning_rate": settings.learning_rate,
-        "per_device_train_batch_size": settings.batch_size,
-        "gradient_accumulation_steps": settings.grad_accum,
-        "max_length": settings.max_length,
-        "lr_scheduler_type": "linear",
-        "warmup_steps": 0,
-        "use_cpu": not cuda,
-        "bf16": mixed_bf16(settings),
-        "fp16": False,
-        "save_strategy": "no",
-        "logging_strategy": "steps",
-        "logging_steps": 1,
-        "report_to": list(settings.report_to),
-        "seed": settings.seed,
-        "data_seed": settings.seed,
-        "dataloader_num_workers": 0,
-        "disable_tqdm": True,
-    }
-
-
-def trained(trainer: Any, output: Any, path: Path, started: float, examples: int) -> TrainResult:
-    """The TrainResult of a finished TRL run."""
-    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    counts = [row["num_tokens"] for row in trainer.state.log_history if "num_tokens" in row]  # logged by SFT
-    rewards = [row["reward"] for row in trainer.state.log_history if "reward" in row]  # logged by RL trainers
-    return TrainResult(
-        path=str(path),
-        steps=output.global_step,
-        train_loss=float(output.training_loss),
-        first_loss=float(losses[0]) if losses else float("nan"),
-        last_loss=float(losses[-1]) if losses else float("nan"),
-        seconds=time.perf_counter() - started,
-        examples=examples,
-        tokens=int(counts[-1]) if counts else 0,
-        train_seconds=float(output.metrics.get("train_runtime", 0.0)),
-        first_reward=rewards[0] if rewards else None,
-        last_reward=rewards[-1] if rewards else None,
-    )
-
-
-def _save(model: Any, out_dir: str | Path, base: str) -> Path:
-    """Save the adapter (safetensors) and pin ``base_model_name_or_path`` to the base model id."""
-    path = Path(out_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    for config in model.peft_config.values():
-        config.base_model_name_or_path = base
-    model.save_pretrained(str(path), safe_serialization=True)
-    # PEFT may re-derive the field from the model on save; rewrite it so vLLM finds the right base whatever it did.
-    config_file = path / "adapter_config.json"
-    body = json.loads(config_file.read_text())
-    if body.get("base_model_name_or_path") != base:
-        body["base_model_name_or_path"] = base
-        config_file.write_text(json.dumps(body, indent=2, sort_keys=True))
-    return path
-
-
-def _print_step(row: dict) -> None:
-    """Training progress on stderr: a bar of steps and the last loss, one line updated in place."""
-    if "loss" in row:
-        print_progress(f"train (loss {row['loss']:.3f})", row["step"], row["max_steps"])
-
-
-def _progress_callback(progress: Callable[[dict], None]) -> Any:
-    """A TrainerCallback forwarding each log row (loss, learning rate, step) to ``progress``."""
-    from transformers import TrainerCallback
-
-    class ProgressCallback(TrainerCallback):
-        """Calls ``progress`` on every log."""
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-            """Report one log row with its step."""
-            if logs:
-                progress({"step": state.global_step, "max_steps": state.max_steps, **logs})
-
-    return ProgressCallback()

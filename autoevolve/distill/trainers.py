@@ -7,6 +7,7 @@
 Every trainer continues from the live adapter A_r when there is one (unless ``distill.init`` is ``base``), trains on
 the round's selection and the replayed ones that trained A_r's lineage (a task in several: its newest win), and
 returns a ``TrainResult``. SFT with ``distill.rehearse`` also trains on A_r's own wins on tasks it already solves.
+Each reads the settings every trainer shares and its own section of them (``distill.sft``, ``.dpo``, ``.grpo``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from typing import Protocol
 from autoevolve.config import DistillSettings
 from autoevolve.distill.dataset import native_tools, render_examples
 from autoevolve.distill.dpo import preference_examples, train_dpo
+from autoevolve.distill.fit import TrainResult
 from autoevolve.distill.grpo import train_grpo
-from autoevolve.distill.sft import TrainResult, train_sft
+from autoevolve.distill.sft import train_sft
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Selection, Task, Trajectory
-from autoevolve.select import preference_pairs, selected_trajectories
+from autoevolve.selection import preference_pairs, selected_trajectories
 from autoevolve.workbench import Workbench
 
 
@@ -66,14 +68,16 @@ def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
     kept += [t for t in job.rehearsal if t.task_id not in held]
     examples = render_examples(kept, job.tasks(), job.original)
     tools = native_tools(job.original)
-    return train_sft(examples, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, tools=tools)
+    return train_sft(
+        examples, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, tools=tools, sft=settings.sft
+    )
 
 
 def dpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA DPO on (kept rollout, the original's failed rollout) pairs."""
     pairs = [p for sel in job.selections() for p in preference_pairs(job.bench, sel)]
     rows = preference_examples(pairs, job.tasks(), job.original)
-    return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter)
+    return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, dpo=settings.dpo)
 
 
 def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
@@ -81,8 +85,8 @@ def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     by_id = job.tasks()
     won = dict.fromkeys(item.task_id for sel in job.selections() for item in sel.items)
     tasks = [by_id[task_id] for task_id in won]
-    env = job.bench.env
-    return train_grpo(tasks, env, job.original, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter)
+    env, init = job.bench.env, job.init_adapter
+    return train_grpo(tasks, env, job.original, job.model_name, job.out_dir, settings, init, grpo=settings.grpo)
 
 
 TRAINERS: dict[str, Trainer] = {"sft": sft, "dpo": dpo, "grpo": grpo}

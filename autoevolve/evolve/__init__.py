@@ -1,10 +1,11 @@
 """Stage 1, prompt evolution: a Pareto search over HCP configs around the frozen weights.
 
-Each step draws a parent from the per-task Pareto frontier of the pool (dev scores), rolls it out on a train
-minibatch, asks the next mutator for a child, and tries the child on the same minibatch. A child that beats its
-parent(s) there joins the pool and is scored on the dev tasks; every attempt, kept or not, is a ledger row in
-the store with its lineage. The search stops when a budget is spent, after ``patience`` children in a row that
-do not raise the best dev score, or after ``candidates`` children.
+Each step asks the next mutator for a proposal: its parent(s) from the per-task Pareto frontier of the pool (dev
+scores) and how to make their child. The search rolls the parents out on a train minibatch, makes the child and
+tries it on the same minibatch. A child that beats every parent there joins the pool and is scored on the dev
+tasks; every attempt, kept or not, is a ledger row in the store with its lineage. The search stops when a budget
+is spent, after ``patience`` children in a row that do not raise the best dev score, or after ``candidates``
+children.
 """
 
 from __future__ import annotations
@@ -18,15 +19,31 @@ from typing import Any
 from autoevolve.curriculum import seeded_train
 from autoevolve.envs import Environment
 from autoevolve.evolve.budget import Budget
-from autoevolve.evolve.mutators import Evidence, Merge, Mutator, ProposalError, approx_tokens, keep_frozen, unlabelled
-from autoevolve.evolve.mutators import make_mutators as make_mutators
-from autoevolve.evolve.pareto import merge_pairs, sample_parent
+from autoevolve.evolve.mutators import (
+    ConstrainedDecoding,
+    DemoBootstrap,
+    Merge,
+    ScaffoldSampling,
+    ToolPresentation,
+    keep_frozen,
+)
+from autoevolve.evolve.proposal import (
+    Evidence,
+    Mutator,
+    Proposal,
+    ProposalError,
+    SearchState,
+    approx_tokens,
+    unlabelled,
+)
+from autoevolve.evolve.reflect import Reflective
 from autoevolve.hcp import COMPONENTS, HCPConfig, diff
 from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Candidate, Task, Trajectory
 from autoevolve.rollout import ENDPOINT_ERROR
 from autoevolve.stage_settings import EvolveSettings
-from autoevolve.workbench import Workbench, mean
+from autoevolve.stats import mean
+from autoevolve.workbench import Workbench
 
 __all__ = ["EvolveResult", "evolve", "make_mutators", "train_tasks"]
 
@@ -50,6 +67,25 @@ class EvolveResult:
 def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
     """The first n train tasks of a seeded shuffle, sorted by id: a smaller n gives a subset of a larger one's."""
     return sorted(seeded_train(env, n, seed), key=lambda t: t.id)
+
+
+def make_mutators(settings: EvolveSettings, reflector: Any = None, adapter: str | None = None) -> list[Mutator]:
+    """Mutators by name, in the order the settings list them (the reflective one needs an optimiser policy)."""
+    ops: list[Mutator] = []
+    for name in settings.mutators:
+        if name == "demos":
+            demo_k, styles = tuple(settings.demo_k), tuple(settings.demo_styles)
+            orders, matches = tuple(settings.demo_orders), tuple(settings.demo_matches)
+            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens, orders, matches))
+        elif name == "reflective":
+            if reflector is None:
+                raise ValueError("the reflective mutator needs an optimiser policy")
+            ops.append(Reflective(reflector, settings.reflection, frozen=settings.frozen, adapter=adapter))
+        elif name == "tool_format":
+            ops.append(ToolPresentation([tuple(p) for p in settings.presentations]))
+        else:
+            ops.append({"scaffold": ScaffoldSampling, "decoding": ConstrainedDecoding, "merge": Merge}[name]())
+    return ops
 
 
 def evolve(
@@ -130,39 +166,37 @@ class _Search:
         """Propose children until a stop; returns why it stopped."""
         self.evidence.tasks = {t.id: t for t in train}
         s = self.settings
+        state = SearchState(self.pool, self.configs, self.parents, rng)
         fails = 0
         for i in range(s.candidates):
-            op, parents, ancestor = self._next(ops, i, rng)
-            if op is None:
+            turn = self._next(ops, i, state)
+            if turn is None:
                 return "no mutator can propose (merge needs two pool members with a common ancestor)"
+            op, proposal = turn
             batch = sorted(rng.sample(train, min(s.minibatch, len(train))), key=lambda t: t.id)
-            cost = sum(self.budget.cost(p, batch) for p in parents) + (len(batch) + len(self.dev)) * s.samples
+            cost = sum(self.budget.cost(p, batch) for p in proposal.parents) + (len(batch) + len(self.dev)) * s.samples
             stop = self.budget.spent(cost, op.calls)
             if stop:
                 return stop
             best = max(c.mean_reward for c in self.pool)
-            row = self._step(op, parents, ancestor, batch, rng)
+            row = self._step(op, proposal, batch)
             fails = 0 if row.status == "keep" and row.mean_reward > best else fails + 1
             if s.budget.patience is not None and fails >= s.budget.patience:
                 return "patience"
         return "candidates"
 
-    def _next(self, ops: list[Mutator], i: int, rng: random.Random) -> tuple[Mutator | None, list[str], str | None]:
-        """The i-th mutator in turn (skipping a merge with no partners), its parent(s), and a merge's ancestor."""
+    def _next(self, ops: list[Mutator], i: int, state: SearchState) -> tuple[Mutator, Proposal] | None:
+        """The first proposal of the mutators in turn from the i-th (one with nothing to propose is skipped)."""
         for k in range(len(ops)):
             op = ops[(i + k) % len(ops)]
-            if not isinstance(op, Merge):
-                return op, [sample_parent(self.pool, rng)], None
-            pairs = merge_pairs(self.pool, self.parents)
-            if pairs:
-                a, b, ancestor = rng.choice(pairs)
-                return op, [a, b], ancestor
-        return None, [], None
+            proposal = op.propose(state)
+            if proposal is not None:
+                return op, proposal
+        return None
 
-    def _step(
-        self, op: Mutator, parents: list[str], ancestor: str | None, batch: list[Task], rng: random.Random
-    ) -> Candidate:
-        """Propose one child and try it: crash, discard on the minibatch, or keep and score on dev."""
+    def _step(self, op: Mutator, proposal: Proposal, batch: list[Task]) -> Candidate:
+        """Make the proposed child and try it: crash, discard on the minibatch, or keep and score on dev."""
+        parents = list(proposal.parents)
         row = Candidate(
             run_id=self.bench.run_id,
             round=self.bench.round,
@@ -175,7 +209,7 @@ class _Search:
         scored = {p: self._rollouts(self.configs[p], batch) for p in parents}
         self.evidence.minibatch = scored[parents[0]]
         try:
-            child = keep_frozen(parent, self._propose(op, parents, ancestor, rng), self.settings.frozen)
+            child = keep_frozen(parent, self._make(op, proposal), self.settings.frozen)
         except ValueError as exc:
             why = f"failed proposal: {exc}" if isinstance(exc, ProposalError) else str(exc)
             return self._crash(row, why, getattr(exc, "reply", ""))
@@ -213,14 +247,10 @@ class _Search:
             return self._record(row.model_copy(update={"status": "discard", "note": f"{versus}: not better"}))
         return self._keep(row.model_copy(update={"note": versus}))
 
-    def _propose(self, op: Mutator, parents: list[str], ancestor: str | None, rng: random.Random) -> HCPConfig:
-        """The mutator's child (for a merge: of both parents over their nearest common ancestor)."""
+    def _make(self, op: Mutator, proposal: Proposal) -> HCPConfig:
+        """The proposed child, from the evidence that now holds the first parent's minibatch rollouts."""
         try:
-            if isinstance(op, Merge):
-                a, b = parents
-                scores = {c.hcp_id: c.mean_reward for c in self.pool}
-                return op.combine(self.configs[a], self.configs[b], self.configs[ancestor], scores[a] >= scores[b])
-            return op.propose(self.configs[parents[0]], self.evidence, rng)
+            return proposal.make(self.evidence)
         finally:
             self.budget.optimiser_calls += op.calls
 

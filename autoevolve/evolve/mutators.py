@@ -1,64 +1,18 @@
-"""Mutators: each proposes a child HCP config from a parent and the evidence gathered so far.
+"""Mutators: each proposes a child HCP config from its parent(s) in the pool and the evidence gathered so far.
 
 A mutator changes components of the config and nothing else; the environment's scorer is out of its reach.
+Single-parent mutators draw their parent from the Pareto frontier; ``Merge`` draws a pair of frontier members.
 """
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
+from autoevolve.evolve.pareto import merge_pairs
+from autoevolve.evolve.proposal import Evidence, Proposal, SearchState, from_frontier
 from autoevolve.hcp import COMPONENTS, CallSyntax, Demo, Demos, HCPConfig, ToolFormat
-from autoevolve.records import Message, Task, Trajectory, without_failed_calls
+from autoevolve.records import Task, Trajectory, without_failed_calls
 from autoevolve.stage_settings import EvolveSettings
-
-TokenCounter = Callable[[list[dict[str, Any]], "list[dict] | None"], int]
-
-
-def approx_tokens(messages: list[dict[str, Any]], tools: list[dict] | None = None) -> int:
-    """A tokenizer-free estimate: about four characters a token."""
-    return (sum(len(str(m.get("content") or "")) for m in messages) + len(json.dumps(tools or []))) // 4
-
-
-def unlabelled(task: Task) -> list[Message] | None:
-    """No labelled solution for any task: what a deployment with rewards but no labels has."""
-    return None
-
-
-@dataclass
-class Evidence:
-    """What a mutator may read: train rollouts so far, the parent's minibatch rollouts, train tasks, solutions.
-
-    Only train rollouts are ever evidence: dev tasks score candidates and must not leak into demos or reflection.
-    """
-
-    trajectories: list[Trajectory]
-    tasks: dict[str, Task]
-    reference: Callable[[Task], list[Message] | None] = field(default=unlabelled)
-    minibatch: list[Trajectory] = field(default_factory=list)
-    count_tokens: TokenCounter = approx_tokens
-
-
-class ProposalError(ValueError):
-    """A mutator could not propose a valid child; ``reply`` keeps an optimiser's raw output for the ledger."""
-
-    def __init__(self, why: str, reply: str = "") -> None:
-        super().__init__(why)
-        self.reply = reply
-
-
-class Mutator(Protocol):
-    """Proposes a child config. Raises ValueError (or ProposalError) when it has nothing valid to propose."""
-
-    name: str
-    calls: int  # optimiser-LLM calls one proposal makes (budgeted by the search)
-
-    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
-        """A child of ``parent`` that differs in this mutator's components."""
-        ...
 
 
 class DemoBootstrap:
@@ -83,7 +37,11 @@ class DemoBootstrap:
         self.pool, self.ks, self.styles, self.orders, self.matches = pool, ks, styles, orders, matches
         self.max_prompt_tokens = max_prompt_tokens
 
-    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+    def propose(self, state: SearchState) -> Proposal:
+        """A frontier parent and its child by ``mutate``."""
+        return from_frontier(state, self.mutate)
+
+    def mutate(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a fresh demo set retrieved per task by similarity."""
         own = _successes(evidence.trajectories)
         tiers = sorted({t.tier for t in evidence.tasks.values()})
@@ -158,7 +116,11 @@ class ToolPresentation:
     def __init__(self, presentations: list[tuple[ToolFormat, CallSyntax]] | None = None) -> None:
         self.presentations = presentations or EvolveSettings().presentations
 
-    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+    def propose(self, state: SearchState) -> Proposal:
+        """A frontier parent and its child by ``mutate``."""
+        return from_frontier(state, self.mutate)
+
+    def mutate(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with a different (tool format, call syntax) pair, and demo style toggled half the time."""
         options = [p for p in self.presentations if p != (parent.tool_format, parent.call_syntax)]
         if not options:
@@ -177,7 +139,11 @@ class ScaffoldSampling:
     name = "scaffold"
     calls = 0
 
-    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+    def propose(self, state: SearchState) -> Proposal:
+        """A frontier parent and its child by ``mutate``."""
+        return from_frontier(state, self.mutate)
+
+    def mutate(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with one knob changed."""
         knobs = ["temperature", "max_steps", "plan_first"] + (["call_syntax"] if parent.tool_format != "native" else [])
         knob = rng.choice(knobs)
@@ -200,20 +166,34 @@ class ConstrainedDecoding:
     name = "decoding"
     calls = 0
 
-    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+    def propose(self, state: SearchState) -> Proposal:
+        """A frontier parent and its child by ``mutate``."""
+        return from_frontier(state, self.mutate)
+
+    def mutate(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Parent with ``decoding.constrain`` switched between 'none' and 'tool_call'."""
         constrain = "none" if parent.decoding.constrain == "tool_call" else "tool_call"
         return parent.model_copy(update={"decoding": parent.decoding.model_copy(update={"constrain": constrain})})
 
 
 class Merge:
-    """Combine two pool members that share an ancestor: each takes over the components it changed (GEPA's merge).
-
-    It proposes nothing from one parent: the search draws the pair from the Pareto frontier and calls ``combine``.
-    """
+    """Combine two pool members that share an ancestor: each takes over the components it changed (GEPA's merge)."""
 
     name = "merge"
     calls = 0
+
+    def propose(self, state: SearchState) -> Proposal | None:
+        """A frontier pair with a common ancestor, neither descending from the other; None when no pair qualifies.
+
+        Where both changed a component, the parent with the higher dev score (the first on a tie) gives it.
+        """
+        pairs = merge_pairs(state.pool, state.lineage)
+        if not pairs:
+            return None
+        a, b, ancestor = state.rng.choice(pairs)
+        scores = {c.hcp_id: c.mean_reward for c in state.pool}
+        configs, prefer_a = state.configs, scores[a] >= scores[b]
+        return Proposal((a, b), lambda evidence: self.combine(configs[a], configs[b], configs[ancestor], prefer_a))
 
     def combine(self, a: HCPConfig, b: HCPConfig, ancestor: HCPConfig, prefer_a: bool) -> HCPConfig:
         """``a`` with every component only ``b`` changed from the ancestor; where both changed, the preferred one's."""
@@ -226,27 +206,6 @@ class Merge:
         if child.id in (a.id, b.id):
             raise ValueError(f"merging {a.id} and {b.id} gives one of them back: no component to combine")
         return child
-
-
-def make_mutators(settings: EvolveSettings, reflector: Any = None, adapter: str | None = None) -> list[Any]:
-    """Mutators by name, in the order the settings list them (the reflective one needs an optimiser policy)."""
-    ops: list[Any] = []
-    for name in settings.mutators:
-        if name == "demos":
-            demo_k, styles = tuple(settings.demo_k), tuple(settings.demo_styles)
-            orders, matches = tuple(settings.demo_orders), tuple(settings.demo_matches)
-            ops.append(DemoBootstrap(settings.demo_pool, demo_k, styles, settings.max_prompt_tokens, orders, matches))
-        elif name == "reflective":
-            from autoevolve.evolve.reflect import Reflective
-
-            if reflector is None:
-                raise ValueError("the reflective mutator needs an optimiser policy")
-            ops.append(Reflective(reflector, settings.reflection, frozen=settings.frozen, adapter=adapter))
-        elif name == "tool_format":
-            ops.append(ToolPresentation([tuple(p) for p in settings.presentations]))
-        else:
-            ops.append({"scaffold": ScaffoldSampling, "decoding": ConstrainedDecoding, "merge": Merge}[name]())
-    return ops
 
 
 def keep_frozen(parent: HCPConfig, child: HCPConfig, frozen: list[str]) -> HCPConfig:

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from autoevolve.evolve.mutators import Evidence, ProposalError
+from autoevolve.evolve.proposal import Evidence, Proposal, ProposalError, SearchState, from_frontier
 from autoevolve.hcp import HCPConfig
 from autoevolve.policy import ChatRequest, Policy
 from autoevolve.records import Trajectory
@@ -41,7 +41,11 @@ class Reflective:
         self.components = [c for c in settings.components if c not in frozen]
         self.meta = yaml.safe_load(Path(settings.meta_prompts).read_text())
 
-    def propose(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
+    def propose(self, state: SearchState) -> Proposal:
+        """A frontier parent and its child by ``mutate``."""
+        return from_frontier(state, self.mutate)
+
+    def mutate(self, parent: HCPConfig, evidence: Evidence, rng: random.Random) -> HCPConfig:
         """Ask the optimiser for a new version of one component and apply it to the parent."""
         if not self.components:
             raise ValueError("every component the reflective mutator may rewrite is frozen")

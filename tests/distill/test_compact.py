@@ -7,7 +7,9 @@ import torch
 
 from autoevolve.distill.compact import MIN_SHARED, common_prefix, compact_sft_trainer
 from autoevolve.distill.dataset import build_dataset, render_examples
-from autoevolve.distill.sft import SFTSettings, _config, _with_adapter
+from autoevolve.distill.fit import with_adapter
+from autoevolve.distill.settings import TrainSettings
+from autoevolve.distill.sft import _config
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.model import load
@@ -21,11 +23,11 @@ def _loss_and_grads(trainer_class: type, model_dir: str, tmp: str, **kwargs: obj
     trajs = [Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="h", messages=env.reference(t), reward=1)
              for t in tasks]  # fmt: skip
     examples = render_examples(trajs, {t.id: t for t in tasks}, original)
-    settings = SFTSettings(precision="float32", batch_size=4)
+    settings = TrainSettings(precision="float32", batch_size=4)
     torch.manual_seed(0)
     model, tokenizer = load(model_dir, "float32")
     tokenizer.padding_side = "right"
-    model = _with_adapter(model, settings, None)
+    model = with_adapter(model, settings, None)
     for name, p in model.named_parameters():
         if "lora_B" in name:  # B starts at zero; give the adapter an effect so its A gets gradients too
             torch.nn.init.normal_(p, std=0.02)

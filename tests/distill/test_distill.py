@@ -14,7 +14,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import LlamaForCausalLM  # noqa: E402
 
-from autoevolve.distill import SFTSettings, render_examples, train_sft  # noqa: E402
+from autoevolve.distill import TrainSettings, render_examples, train_sft  # noqa: E402
 from autoevolve.distill.dataset import build_dataset, tokenize_with_assistant_mask  # noqa: E402
 from autoevolve.hcp import Demo, Demos, HCPConfig  # noqa: E402
 from autoevolve.model import EMBEDDED, resolve  # noqa: E402
@@ -78,7 +78,7 @@ def _adapter(path: str) -> dict[str, torch.Tensor]:
     return load_file(str(Path(path) / "adapter_model.safetensors"))
 
 
-FAST = SFTSettings(epochs=1, batch_size=4, learning_rate=1e-2, lora_r=4, lora_alpha=8, max_length=256, seed=0)
+FAST = TrainSettings(epochs=1, batch_size=4, learning_rate=1e-2, lora_r=4, lora_alpha=8, max_length=256, seed=0)
 
 
 def test_render_examples_uses_the_original_config() -> None:
@@ -219,9 +219,9 @@ def test_report_to_refuses_an_unknown_or_missing_integration() -> None:
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="'tensorbored' is not a transformers integration"):
-        SFTSettings(report_to=["tensorbored"])
+        TrainSettings(report_to=["tensorbored"])
     with pytest.raises(ValidationError, match=r"'swanlab' needs its package installed \(pip install swanlab\)"):
-        SFTSettings(report_to=["swanlab"])
+        TrainSettings(report_to=["swanlab"])
 
 
 def test_continued_training_starts_from_the_init_adapter(tiny: str, tmp_path: Path) -> None:

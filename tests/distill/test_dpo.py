@@ -7,19 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from autoevolve.distill.dpo import (
-    DPOSettings,
-    assistant_only_collator,
-    preference_dataset,
-    preference_examples,
-    train_dpo,
-)
+from autoevolve.distill.dpo import assistant_only_collator, preference_dataset, preference_examples, train_dpo
+from autoevolve.distill.settings import DPOSettings, TrainSettings
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
 from tests.distill.test_distill import _adapter, one_thread, tiny  # noqa: F401 - fixtures
 
-FAST = DPOSettings(epochs=3, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8, max_length=384, beta=0.1)
+FAST = TrainSettings(epochs=3, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8, max_length=384)
 
 
 def _pairs(n: int) -> tuple[list[tuple[Trajectory, Trajectory]], dict, HCPConfig]:
@@ -79,7 +74,8 @@ def test_only_the_assistants_tokens_count_in_the_preference(tiny: str) -> None: 
 @pytest.mark.slow  # TRL DPO on CPU: half a minute even on the tiny model
 def test_train_dpo_moves_the_adapter_towards_the_chosen_side(tiny: str, tmp_path: Path) -> None:  # noqa: F811
     pairs, tasks, original = _pairs(4)
-    result = train_dpo(preference_examples(pairs, tasks, original), tiny, tmp_path / "dpo", FAST)
+    rows = preference_examples(pairs, tasks, original)
+    result = train_dpo(rows, tiny, tmp_path / "dpo", FAST, dpo=DPOSettings(beta=0.1))
     assert result.steps == 6 and result.examples == 4
     assert result.first_loss == pytest.approx(0.6931, abs=1e-3)  # log 2: policy and reference start equal
     assert result.last_loss < result.first_loss

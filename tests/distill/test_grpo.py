@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from autoevolve.distill.grpo import EnvReward, GRPOSettings, grpo_prompts, train_grpo
+from autoevolve.distill.grpo import EnvReward, _config, grpo_prompts, train_grpo
+from autoevolve.distill.settings import GRPOSettings, TrainSettings
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, Task
@@ -70,12 +71,18 @@ class _LengthEnv:
         return _Episode()
 
 
+def test_grpos_own_settings_set_the_group_and_its_sampling(tmp_path: Path) -> None:
+    own = GRPOSettings(generations=2, completion_tokens=12, temperature=0.5, kl=0.04)
+    config = _config(TrainSettings(batch_size=2, precision="float32"), own, str(tmp_path), False)
+    assert (config.num_generations, config.max_completion_length, config.temperature, config.beta) == (2, 12, 0.5, 0.04)
+    assert config.per_device_train_batch_size == 2 and config.num_train_epochs == 2
+
+
 def test_grpo_smoke_run_on_cpu_moves_the_adapter(tiny: str, tmp_path: Path) -> None:  # noqa: F811
     tasks = LifeEnv(tiers=(1,)).tasks("train")[:2]
-    settings = GRPOSettings(
-        epochs=1, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8, generations=2, completion_tokens=12
-    )
-    result = train_grpo(tasks, _LengthEnv(), ORIGINAL, tiny, tmp_path / "grpo", settings)
+    settings = TrainSettings(epochs=1, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8)
+    own = GRPOSettings(generations=2, completion_tokens=12)
+    result = train_grpo(tasks, _LengthEnv(), ORIGINAL, tiny, tmp_path / "grpo", settings, grpo=own)
     assert result.steps == 2 and result.examples == 2  # 2 prompts x 2 replies, 2 replies per step
     assert result.first_reward is not None and 0.0 <= result.first_reward <= 1.0
     b = [t for name, t in _adapter(result.path).items() if "lora_B" in name]

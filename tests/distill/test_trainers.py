@@ -9,19 +9,23 @@ from typing import get_args
 import pytest
 
 from autoevolve.config import DistillSettings
+from autoevolve.distill.settings import GRPOSettings
 from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.envs.life import LifeEnv
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, SelectedTrajectory, Selection, Trajectory
-from autoevolve.select import select
+from autoevolve.selection import select
 from autoevolve.store import Store
 from autoevolve.workbench import Workbench
 from tests.distill.test_distill import _adapter, one_thread, tiny  # noqa: F401 - fixtures
 from tests.test_select import NoCalls
 
-SETTINGS = DistillSettings(
-    epochs=1, batch_size=2, learning_rate=1e-2, lora_r=4, lora_alpha=8, max_length=384, generations=2
-)
+SHARED = {"epochs": 1, "batch_size": 2, "learning_rate": 1e-2, "lora_r": 4, "lora_alpha": 8, "max_length": 384}
+SETTINGS = {
+    "sft": DistillSettings(trainer="sft", **SHARED),
+    "dpo": DistillSettings(trainer="dpo", **SHARED),
+    "grpo": DistillSettings(trainer="grpo", grpo=GRPOSettings(generations=2), **SHARED),  # a whole group a step
+}
 
 
 def test_every_configurable_trainer_is_registered() -> None:
@@ -52,9 +56,9 @@ def test_each_trainer_trains_on_the_selection_and_continues_from_the_live_adapte
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         selection = select(bench, original, [evolved], tasks)
         assert len(selection.items) == 3
-        first = TRAINERS[name](DistillJob(bench, selection, original, tiny, tmp_path / "v1"), SETTINGS)
+        first = TRAINERS[name](DistillJob(bench, selection, original, tiny, tmp_path / "v1"), SETTINGS[name])
         again = DistillJob(bench, selection, original, tiny, tmp_path / "v2", init_adapter=first.path)
-        second = TRAINERS[name](again, SETTINGS.model_copy(update={"learning_rate": 1e-9, "lora_r": 8}))
+        second = TRAINERS[name](again, SETTINGS[name].model_copy(update={"learning_rate": 1e-9, "lora_r": 8}))
     assert first.examples == second.examples == 3  # 3 rollouts, 3 pairs, or 3 tasks' prompts
     assert json.loads((Path(second.path) / "adapter_config.json").read_text())["r"] == 4  # the init adapter's rank
     v1, v2 = _adapter(first.path), _adapter(second.path)
@@ -169,7 +173,7 @@ def test_rehearsal_adds_the_live_adapters_own_wins_on_tasks_it_already_solves(
             id="s1", run_id="r", round=1, baseline_hcp_id=original.id, evolved_hcp_id=original.id, adapter=live,
             items=[SelectedTrajectory(task_id=t1.id, **won, **lost)],
         )  # fmt: skip
-        alone = TRAINERS["sft"](DistillJob(bench, selection, original, tiny, tmp_path / "a"), SETTINGS)
+        alone = TRAINERS["sft"](DistillJob(bench, selection, original, tiny, tmp_path / "a"), SETTINGS["sft"])
         job = DistillJob(bench, selection, original, tiny, tmp_path / "b", rehearsal=rehearsal)
-        both = TRAINERS["sft"](job, SETTINGS)
+        both = TRAINERS["sft"](job, SETTINGS["sft"])
     assert (alone.examples, both.examples) == (1, 2)  # t0 rehearsed; t1 trains once, from its selected win

@@ -182,7 +182,7 @@ def test_scaffold_mutator_changes_one_knob(original: HCPConfig) -> None:
 
     seen = set()
     for seed in range(12):
-        child = ScaffoldSampling().propose(original, None, random.Random(seed))
+        child = ScaffoldSampling().mutate(original, None, random.Random(seed))
         changed = [c for c in COMPONENTS if getattr(child, c) != getattr(original, c)]
         assert len(changed) == 1 and child.id != original.id
         seen.add(changed[0])

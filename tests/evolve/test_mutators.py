@@ -8,10 +8,12 @@ import pytest
 
 from autoevolve.envs.life import LifeEnv
 from autoevolve.evolve import make_mutators
-from autoevolve.evolve.mutators import DemoBootstrap, Evidence, Merge, ProposalError, ToolPresentation, keep_frozen
+from autoevolve.evolve.mutators import DemoBootstrap, Merge, ToolPresentation, keep_frozen
+from autoevolve.evolve.pareto import sample_parent
+from autoevolve.evolve.proposal import Evidence, ProposalError, SearchState
 from autoevolve.evolve.reflect import Reflective, apply_reply
 from autoevolve.hcp import COMPONENTS, HCPConfig
-from autoevolve.records import Trajectory
+from autoevolve.records import Candidate, Trajectory
 from autoevolve.stage_settings import EvolveSettings, ReflectionSettings
 from tests.test_rollout import Scripted
 
@@ -52,8 +54,8 @@ def _reflective(component: str, reply: str) -> tuple[Reflective, Scripted]:
 def test_each_mutator_gives_a_valid_different_child_from_a_fixed_seed(env, original, name) -> None:
     settings = EvolveSettings(mutators=[name], demo_pool=4, reflection=ReflectionSettings(components=["system_prompt"]))
     [op] = make_mutators(settings, Scripted([GOOD_REPLIES["system_prompt"]]))
-    a = op.propose(original, _evidence(env, 2), random.Random(7))
-    b = op.propose(original, _evidence(env, 2), random.Random(7))
+    a = op.mutate(original, _evidence(env, 2), random.Random(7))
+    b = op.mutate(original, _evidence(env, 2), random.Random(7))
     assert a == b and a.id != original.id
     assert HCPConfig.model_validate(a.model_dump()) == a  # round-trips: a valid config
     a.render(env.tasks("dev")[0])
@@ -62,7 +64,7 @@ def test_each_mutator_gives_a_valid_different_child_from_a_fixed_seed(env, origi
 @pytest.mark.parametrize("component", sorted(GOOD_REPLIES))
 def test_reflective_rewrites_only_the_drawn_component(env, original, component) -> None:
     op, optimiser = _reflective(component, f"Sure! Here it is.\n{GOOD_REPLIES[component]}\nHope it helps.")
-    child = op.propose(original, _evidence(env), random.Random(0))
+    child = op.mutate(original, _evidence(env), random.Random(0))
     changed = [c for c in COMPONENTS if getattr(child, c) != getattr(original, c)]
     assert changed == [component]
     assert optimiser.calls == 1
@@ -82,7 +84,7 @@ def test_reflective_prompt_shows_the_component_and_the_feedback(env, original) -
             return super().generate(requests, adapter)
 
     op = Reflective(Recorder([GOOD_REPLIES["tools"]]), ReflectionSettings(components=["tools"]))
-    child = op.propose(original, _evidence(env), random.Random(0))
+    child = op.mutate(original, _evidence(env), random.Random(0))
     prompt = seen[0].messages[1]["content"]
     assert "Expected a booking at R-123." in prompt and "name: book_table" in prompt and "(score 0.00)" in prompt
     book = next(t["function"] for t in child.tools if t["function"]["name"] == "book_table")
@@ -114,17 +116,17 @@ def test_frozen_components_are_never_drawn_or_changed(env, original) -> None:
     op, _ = _reflective("system_prompt", GOOD_REPLIES["system_prompt"])
     op.components = []
     with pytest.raises(ValueError, match="every component the reflective mutator may rewrite is frozen"):
-        op.propose(original, _evidence(env), random.Random(0))
+        op.mutate(original, _evidence(env), random.Random(0))
     for name in ("demos", "tool_format", "scaffold"):
         [mutator] = make_mutators(EvolveSettings(mutators=[name], demo_pool=4))
-        child = mutator.propose(original, _evidence(env, 2), random.Random(1))
+        child = mutator.mutate(original, _evidence(env, 2), random.Random(1))
         kept = keep_frozen(original, child, list(COMPONENTS))
         assert kept.id == original.id
 
 
 def test_demo_bootstrap_is_seeded_and_prefers_own_successes(env, original) -> None:
     op = DemoBootstrap(pool=6)
-    a = op.propose(original, _evidence(env, successes=4), random.Random(1))
+    a = op.mutate(original, _evidence(env, successes=4), random.Random(1))
     assert len(a.demos.items) == 6 and a.demos.select == "nearest"
     own = {t.id for t in env.tasks("train")[:4]}
     assert own <= {d.task_id for d in a.demos.items}  # all four successes are used before any labelled one
@@ -133,24 +135,24 @@ def test_demo_bootstrap_is_seeded_and_prefers_own_successes(env, original) -> No
 
 def test_demo_bootstrap_fits_the_prompt_token_budget(env, original) -> None:
     evidence = _evidence(env, successes=6)
-    loose = DemoBootstrap(pool=6, ks=(3,), styles=("full",)).propose(original, evidence, random.Random(0))
+    loose = DemoBootstrap(pool=6, ks=(3,), styles=("full",)).mutate(original, evidence, random.Random(0))
     tokens = [evidence.count_tokens(*loose.render(t)) for t in sorted(evidence.tasks.values(), key=lambda t: t.id)]
     mean = sum(tokens[:8]) / 8
     tight = DemoBootstrap(pool=6, ks=(3,), styles=("full",), max_prompt_tokens=int(mean) - 1)
-    child = tight.propose(original, evidence, random.Random(0))
+    child = tight.mutate(original, evidence, random.Random(0))
     assert child.demos.k < 3
     with pytest.raises(ValueError, match="one demo already makes a"):
-        DemoBootstrap(pool=6, ks=(3,), max_prompt_tokens=10).propose(original, evidence, random.Random(0))
+        DemoBootstrap(pool=6, ks=(3,), max_prompt_tokens=10).mutate(original, evidence, random.Random(0))
 
 
 def test_demo_bootstrap_without_any_source_raises(env, original) -> None:
     empty = Evidence(trajectories=[], tasks={}, reference=env.reference)
     with pytest.raises(ValueError, match="no successful train rollouts"):
-        DemoBootstrap().propose(original, empty, random.Random(0))
+        DemoBootstrap().mutate(original, empty, random.Random(0))
 
 
 def test_tool_presentation_changes_format_only(original) -> None:
-    child = ToolPresentation().propose(original, Evidence([], {}), random.Random(3))
+    child = ToolPresentation().mutate(original, Evidence([], {}), random.Random(3))
     assert (child.tool_format, child.call_syntax) != (original.tool_format, original.call_syntax)
     assert child.system_prompt == original.system_prompt and child.demos == original.demos
 
@@ -169,6 +171,40 @@ def test_merge_takes_each_parents_changes_over_the_ancestor(original) -> None:
         Merge().combine(a, original, original, prefer_a=True)
 
 
+def _member(hcp: HCPConfig, scores: dict[str, float]) -> Candidate:
+    mean = sum(scores.values()) / len(scores)
+    return Candidate(run_id="r", hcp_id=hcp.id, status="keep", scores=scores, mean_reward=mean)
+
+
+def test_merge_proposes_two_frontier_siblings_or_nothing(original) -> None:
+    a = original.model_copy(update={"routing": "Route A."})
+    b = original.model_copy(update={"tool_format": "python", "call_syntax": "python"})
+    configs = {c.id: c for c in (original, a, b)}
+    state = SearchState([_member(original, {"t1": 0.0, "t2": 0.0})], configs, {}, random.Random(0))
+    assert Merge().propose(state) is None  # the seed alone: no pair to merge
+    state.pool += [_member(a, {"t1": 1.0, "t2": 0.0}), _member(b, {"t1": 0.0, "t2": 1.0})]
+    state.lineage.update({a.id: [original.id], b.id: [original.id]})
+    proposal = Merge().propose(state)
+    assert sorted(proposal.parents) == sorted([a.id, b.id])
+    child = proposal.make(Evidence([], {}))
+    assert (child.routing, child.tool_format, child.call_syntax) == ("Route A.", "python", "python")
+    state.lineage[b.id] = [a.id]  # b descends from a: no longer a pair
+    assert Merge().propose(state) is None
+
+
+def test_a_single_parent_proposal_draws_a_frontier_parent_and_mutates_it(original) -> None:
+    a = original.model_copy(update={"routing": "Route A."})
+    pool = [_member(original, {"t1": 0.0}), _member(a, {"t1": 1.0})]
+    state = SearchState(pool, {c.id: c for c in (original, a)}, {a.id: [original.id]}, random.Random(3))
+    proposal = ToolPresentation().propose(state)
+    assert proposal.parents == (a.id,)  # the only frontier member
+    child = proposal.make(Evidence([], {}))
+    replay = random.Random(3)
+    sample_parent(pool, replay)  # the parent is drawn first, then the mutation's own draws
+    assert child == ToolPresentation().mutate(a, Evidence([], {}), replay)
+    assert child.routing == "Route A." and child.tool_format != a.tool_format
+
+
 def test_demo_bootstrap_gives_every_tier_in_play_its_share(original) -> None:
     two = LifeEnv(tiers=(1, 2))
     tasks = two.tasks("train")[:20]  # tiers interleave: 10 of each
@@ -178,7 +214,7 @@ def test_demo_bootstrap_gives_every_tier_in_play_its_share(original) -> None:
         for t in wins
     ]
     evidence = Evidence(trajectories=trajs, tasks={t.id: t for t in tasks}, reference=two.reference)
-    child = DemoBootstrap(pool=6).propose(original, evidence, random.Random(0))
+    child = DemoBootstrap(pool=6).mutate(original, evidence, random.Random(0))
     tiers = {t.id: t.tier for t in tasks}
     picked = [tiers[d.task_id] for d in child.demos.items]
     assert picked.count(1) == 3 and picked.count(2) == 3  # without shares: six tier-1 successes, no tier-2 demo
@@ -188,10 +224,10 @@ def test_demo_bootstrap_gives_every_tier_in_play_its_share(original) -> None:
 def test_decoding_switches_the_grammar_and_presentations_come_from_the_settings(original) -> None:
     settings = EvolveSettings(mutators=["decoding", "tool_format"], presentations=[("json", "python_list")])
     decoding, presentation = make_mutators(settings)
-    on = decoding.propose(original, Evidence([], {}), random.Random(0))
+    on = decoding.mutate(original, Evidence([], {}), random.Random(0))
     assert on.decoding.constrain == "tool_call" and on.model_copy(update={"decoding": original.decoding}) == original
-    assert decoding.propose(on, Evidence([], {}), random.Random(0)).decoding.constrain == "none"
-    child = presentation.propose(original, Evidence([], {}), random.Random(0))
+    assert decoding.mutate(on, Evidence([], {}), random.Random(0)).decoding.constrain == "none"
+    child = presentation.mutate(original, Evidence([], {}), random.Random(0))
     assert (child.tool_format, child.call_syntax) == ("json", "python_list")
     with pytest.raises(ValueError, match="no other tool presentation to try"):
-        presentation.propose(child, Evidence([], {}), random.Random(0))
+        presentation.mutate(child, Evidence([], {}), random.Random(0))

@@ -207,7 +207,7 @@ def test_every_step_of_a_rollout_is_valid_on_the_wire(strict, tool_format: str, 
 
 @pytest.mark.parametrize("tool_format", FORMATS)
 def test_a_whole_round_runs_through_the_strict_server(tmp_path, prefect_harness, strict, tool_format: str) -> None:
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     url, state = strict
     before, refused = len(state.accepted), len(state.refused)

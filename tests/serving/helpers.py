@@ -41,7 +41,7 @@ def random_adapter(model_dir: str, out: Path, seed: int, base: str) -> str:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from autoevolve.distill.sft import _save
+    from autoevolve.distill.fit import save_adapter
     from autoevolve.model import load
 
     torch.manual_seed(seed)
@@ -52,7 +52,7 @@ def random_adapter(model_dir: str, out: Path, seed: int, base: str) -> str:
         for name, param in lora.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.5, generator=torch.Generator().manual_seed(seed))
-    return str(_save(lora, out, base))
+    return str(save_adapter(lora, out, base))
 
 
 def registered(

@@ -19,7 +19,7 @@ def test_a_round_with_the_openai_backend_runs_against_autoevolve_serve(
     from autoevolve.policy import ChatRequest
     from autoevolve.policy.local import LocalPolicy
     from autoevolve.policy.openai import OpenAIPolicy
-    from flows.round import round_flow
+    from autoevolve_flows.round import round_flow
 
     fleet = Fleet(LocalPolicy(str(tiny_model_dir), batch_size=8, dtype="float32"), str(tiny_model_dir))
     with running(create_app(fleet)) as url:

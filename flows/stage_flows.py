@@ -3,7 +3,7 @@
 A stage flow reads what the stages before it handed on from the store and records its own result there;
 a stage that finished before is loaded, not redone. The round flow runs the same stage functions in-process.
 
-Run: python -m flows.stages distill configs/quickstart.yaml --round 0
+Run: python -m autoevolve_flows.stage_flows distill configs/quickstart.yaml --round 0
 """
 
 import argparse

@@ -21,7 +21,8 @@ from collections import defaultdict
 
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Message, SelectedTrajectory, Selection, Task, Trajectory
-from autoevolve.workbench import Workbench, mean
+from autoevolve.stats import mean
+from autoevolve.workbench import Workbench
 
 
 def select(

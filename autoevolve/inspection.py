@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoevolve.distill.sft import TRAINING_LOG
-from autoevolve.evaluate import CELLS
+from autoevolve.distill.fit import TRAINING_LOG
 from autoevolve.lineage import LineageError, config_diff
 from autoevolve.records import Candidate, EvalReport, Message, Selection, Trajectory
+from autoevolve.stats import mean
 from autoevolve.store import Store
-from autoevolve.workbench import mean
+from autoevolve.twobytwo import ADAPTERS, BARE, CELLS, CONFIGS, format_table
 
 NAN = math.nan
 
@@ -77,6 +77,14 @@ def _report(store: Store, run_id: str, round: int, split: str) -> EvalReport | N
     return next((r for r in store.evaluations(run_id) if r.round == round and r.split == split), None)
 
 
+def evaluation(store: Store, run_id: str, round: int, split: str = "test") -> EvalReport:
+    """The stored evaluation of one round and split (``autoevolve.twobytwo.format_table`` prints it as the 2x2)."""
+    report = _report(store, run_id, round, split)
+    if report is None:
+        raise LineageError(f"no {split} evaluation for run {run_id!r} round {round} in {store.path}")
+    return report
+
+
 def round_summary(store: Store, run_id: str) -> pd.DataFrame:
     """Per round: new rollouts, candidates tried and kept, dev scores, items selected, gate decision, test cells."""
     ledger: dict[int, list[Candidate]] = defaultdict(list)
@@ -112,26 +120,25 @@ def round_summary(store: Store, run_id: str) -> pd.DataFrame:
 
 
 def two_by_two(store: Store, run_id: str, round: int, split: str = "test") -> pd.DataFrame:
-    """The round's 2x2: rows base/adapter, columns (original/evolved config) x (mean, ci_low, ci_high, n, tokens).
+    """The round's 2x2 as numbers: rows live (A_r) / new (A_r+1), columns (original/evolved config) x (mean, ci_low,
+    ci_high, n, prompt_tokens).
 
     ``attrs`` holds the adapters' names, the gain with its interval, retention and the decision.
     """
-    report = _report(store, run_id, round, split)
-    if report is None:
-        raise LineageError(f"no {split} evaluation for run {run_id!r} round {round} in {store.path}")
+    report = evaluation(store, run_id, round, split)
     stats = ["mean", "ci_low", "ci_high", "n", "prompt_tokens"]
     data: dict[tuple[str, str], list[float | int]] = {}
-    for config in ("original", "evolved"):
-        cells = [report.cells[f"{model}_{config}"] for model in ("base", "adapter")]
+    for config in CONFIGS:
+        cells = [report.cells[f"{model}_{config}"] for model in ADAPTERS]
         for stat in stats:
             data[(config, stat)] = [
                 c.ci[0] if stat == "ci_low" else c.ci[1] if stat == "ci_high" else getattr(c, stat) for c in cells
             ]
-    frame = pd.DataFrame(data, index=pd.Index(["base", "adapter"], name="model"))
+    frame = pd.DataFrame(data, index=pd.Index(list(ADAPTERS), name="model"))
     frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["config", "stat"])
     frame.attrs = {
         "split": split,
-        "adapters": {m: report.cells[f"{m}_original"].adapter or "bare base model" for m in ("base", "adapter")},
+        "adapters": {m: report.cells[f"{m}_original"].adapter or BARE for m in ADAPTERS},
         "gain": report.gain,
         "gain_ci": report.gain_ci,
         "p_value": report.p_value,
@@ -233,22 +240,4 @@ def format_inspect(store: Store, run_id: str) -> str:
     tested = [r for r in rounds["round"] if _report(store, run_id, int(r), "test")] if len(rounds) else []
     if not tested:
         return "\n".join([*lines, "", "no test evaluation yet"])
-    frame = two_by_two(store, run_id, int(tested[-1]))
-    adapters, width = frame.attrs["adapters"], max(len(v) for v in frame.attrs["adapters"].values())
-    lines += ["", f"test 2x2, round {tested[-1]} (mean [95% CI], prompt tokens)"]
-    lines.append(f"{'':<{width + 11}}{'original config':<30}evolved config")
-    for model in ("base", "adapter"):
-        cells = [_cell(frame.loc[model, config]) for config in ("original", "evolved")]
-        lines.append(f"{model:<8}{adapters[model]:<{width + 3}}{cells[0]:<30}{cells[1]}")
-    lo, hi = frame.attrs["gain_ci"]
-    kept = frame.attrs["retention"]
-    lines.append(
-        f"gain {frame.attrs['gain']:+.3f} [{lo:+.3f}, {hi:+.3f}], "
-        f"retention {'-' if kept is None else f'{kept:.2f}'}, n {int(frame.loc['base', ('original', 'n')])}"
-    )
-    return "\n".join(lines)
-
-
-def _cell(stats: pd.Series) -> str:
-    """One cell of the 2x2 as 'mean [lo, hi] tokens'."""
-    return f"{stats['mean']:.3f} [{stats['ci_low']:.3f}, {stats['ci_high']:.3f}] {stats['prompt_tokens']:.0f}"
+    return "\n".join([*lines, "", f"round {tested[-1]}, {format_table(evaluation(store, run_id, int(tested[-1])))}"])

@@ -15,7 +15,7 @@ from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
 from autoevolve.narration import say
 from autoevolve.report import format_rounds, write_rounds
-from flows.round import round_flow
+from autoevolve_flows.round import round_flow
 
 ROUND_RETRIES = 1  # a round that failed on a transient error runs again once, resuming from the store
 RETRY_DELAY_S = 60.0
