@@ -39,11 +39,16 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """A randomly initialised two-layer Llama saved with the real tokenizer: loads like any model path."""
+    return random_llama(tmp_path_factory.mktemp("tiny"), tokenizer, seed=0)
+
+
+def random_llama(path, tokenizer, seed: int, **config):
+    """Save a random two-layer Llama (``config`` overrides its settings) with the tokenizer at ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
+    torch.manual_seed(seed)
+    settings = dict(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -55,8 +60,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-    path = tmp_path_factory.mktemp("tiny")
-    LlamaForCausalLM(config).save_pretrained(path)
+    LlamaForCausalLM(LlamaConfig(**(settings | config))).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

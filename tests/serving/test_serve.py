@@ -15,6 +15,7 @@ from autoevolve.hcp import HCPConfig
 from autoevolve.serving import open_fleet
 from autoevolve.serving.app import create_app
 from autoevolve.store import Store
+from tests.conftest import random_llama
 from tests.serving.helpers import random_adapter, registered, running
 
 LIFE = HCPConfig.from_yaml("prompts/life.yaml")
@@ -24,27 +25,7 @@ LIFE = HCPConfig.from_yaml("prompts/life.yaml")
 def peaked_dir(tmp_path_factory, tokenizer) -> Path:
     """A two-layer random Llama with large weights: its next-token choices are far apart, so batching (float
     rounding) never changes a greedy answer, and adapters change it visibly."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(1)
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=4096,
-        initializer_range=0.5,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    path = tmp_path_factory.mktemp("peaked")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return random_llama(tmp_path_factory.mktemp("peaked"), tokenizer, seed=1, initializer_range=0.5)
 
 
 @pytest.fixture(scope="module")
