@@ -16,7 +16,7 @@ from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from autoevolve.envs import Environment, build_env
 from autoevolve.envs.loading import EnvLoadError, factory_of, path_arguments
@@ -24,7 +24,14 @@ from autoevolve.envs.taskfile import PACKAGE_FILE
 from autoevolve.hcp import HCPConfig
 from autoevolve.hooks import HookSettings
 from autoevolve.records import check_name
-from autoevolve.stage_settings import CurriculumSettings, DistillSettings, EvolveSettings, Section, SelectSettings
+from autoevolve.stage_settings import (
+    CurriculumSettings,
+    DistillSettings,
+    EvolveSettings,
+    LabelSettings,
+    Section,
+    SelectSettings,
+)
 
 
 class EnvSettings(Section):
@@ -239,6 +246,11 @@ class RunConfig(Section):
     curriculum: CurriculumSettings | None = Field(
         default=None, description="Draw each round's tasks from the live adapter's frontier; None: fixed tasks."
     )
+    labels: LabelSettings | None = Field(
+        default=None,
+        description="A labelled budget: N train tasks with references, the rest unlabelled; None: every train task's "
+        "reference may be shown as a demo, and none is trained on.",
+    )
     model: ModelSettings = Field(default_factory=ModelSettings)
     evolve: EvolveSettings = Field(default_factory=EvolveSettings)
     select: SelectSettings = Field(default_factory=SelectSettings)
@@ -252,6 +264,20 @@ class RunConfig(Section):
     def _safe_expert(cls, name: str) -> str:
         """The expert's name becomes folder and served LoRA names."""
         return check_name(name)
+
+    @model_validator(mode="after")
+    def _labels_fit(self) -> RunConfig:
+        """A labelled budget needs the references on, and only SFT trains on references."""
+        if self.labels is None:
+            return self
+        if not self.evolve.references:
+            raise ValueError("labels: with evolve.references false no label is read; set labels.budget: 0 instead")
+        if self.labels.train and self.labels.budget and self.distill.trainer != "sft":
+            raise ValueError(
+                f"labels.train: only trainer sft trains on references (the trainer is {self.distill.trainer}); "
+                "set labels.train: false"
+            )
+        return self
 
     def original_hcp(self) -> HCPConfig:
         """The original HCP config named by ``hcp``, its tools the environment's (or checked against them)."""
@@ -422,4 +448,6 @@ def _first_error(exc: ValidationError) -> str:
         return f"{where}: unknown key (check the spelling; see the documented settings)"
     if err["type"] == "missing":
         return f"{where}: required setting is missing"
+    if not err["loc"]:  # a check across sections names its fields itself
+        return str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {err['msg']} (got {err.get('input')!r})"

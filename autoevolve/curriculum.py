@@ -33,22 +33,28 @@ def split_tasks(bench: Workbench, split: Split, tiers: list[int], n: int) -> lis
     return in_play(bench.env.tasks(split), tiers)[:n]
 
 
-def seeded_train(env: Environment, n: int, seed: int, tiers: list[int] | None = None) -> list[Task]:
-    """The first n train tasks (of some tiers) of a seeded shuffle: a smaller n gives a prefix of a larger one's."""
-    pool = [t for t in env.tasks("train") if tiers is None or t.tier in tiers]
+def seeded_train(
+    env: Environment, n: int, seed: int, tiers: list[int] | None = None, exclude: frozenset[str] = frozenset()
+) -> list[Task]:
+    """The first n train tasks (of some tiers, none of ``exclude``) of a seeded shuffle: a smaller n gives a prefix
+    of a larger one's."""
+    pool = [t for t in env.tasks("train") if (tiers is None or t.tier in tiers) and t.id not in exclude]
     random.Random(seed).shuffle(pool)
     return pool[:n]
 
 
-def fixed_plan(bench: Workbench, n: int, seed: int) -> TaskPlan:
-    """No curriculum: every tier of the environment, the same seeded train tasks every round."""
+def fixed_plan(bench: Workbench, n: int, seed: int, exclude: frozenset[str] = frozenset()) -> TaskPlan:
+    """No curriculum: every tier of the environment, the same seeded train tasks every round (none of ``exclude``,
+    the labelled ones)."""
     tiers = sorted({t.tier for t in bench.env.tasks("train")})
+    drawn = seeded_train(bench.env, n, seed, exclude=exclude)
+    unlabelled = f" of the {len(bench.env.tasks('train')) - len(exclude)} unlabelled ones" if exclude else ""
     return TaskPlan(
         run_id=bench.run_id,
         round=bench.round,
         tiers=tiers,
-        train=[t.id for t in seeded_train(bench.env, n, seed)],
-        why="no curriculum: the environment's tiers and a fixed seeded draw of train tasks",
+        train=[t.id for t in drawn],
+        why=f"no curriculum: the environment's tiers and a fixed seeded draw of {len(drawn)} train tasks{unlabelled}",
     )
 
 
@@ -60,8 +66,10 @@ def plan(
     n: int,
     seed: int,
     tiers_before: list[int] | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> TaskPlan:
-    """The round's tiers and n train tasks from A_r's frontier (see the module docstring)."""
+    """The round's tiers and n train tasks from A_r's frontier (see the module docstring); the pool holds none of
+    ``exclude`` (the labelled tasks)."""
     tiers = list(tiers_before or settings.tiers[:1])
     scores: dict[str, float] = {}
     while True:
@@ -74,7 +82,7 @@ def plan(
         if not later or scores[str(tiers[-1])] < settings.unlock_at:
             break
         tiers.append(later[0])
-    pool = _balanced(bench, tiers, settings.pool, seed)
+    pool = _balanced(bench, tiers, settings.pool, seed, exclude)
     rewards = {t.task_id: t.reward for t in bench.rollouts(original, pool, adapter=adapter, stage="plan")}
     frontier = [t for t in pool if rewards[t.id] < 1.0]
     solved = [t for t in pool if rewards[t.id] >= 1.0]
@@ -104,10 +112,10 @@ def plan(
     )
 
 
-def _balanced(bench: Workbench, tiers: list[int], n: int, seed: int) -> list[Task]:
+def _balanced(bench: Workbench, tiers: list[int], n: int, seed: int, exclude: frozenset[str]) -> list[Task]:
     """n train tasks taken in turn from each tier's seeded shuffle (the same pool in every round)."""
     by_tier: dict[int, list[Task]] = defaultdict(list)
-    for task in seeded_train(bench.env, len(bench.env.tasks("train")), seed, tiers):
+    for task in seeded_train(bench.env, len(bench.env.tasks("train")), seed, tiers, exclude):
         by_tier[task.tier].append(task)
     out: list[Task] = []
     depth = 0

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoevolve import curriculum, registry
+from autoevolve import curriculum, labels, registry
 from autoevolve.config import ConfigError, RunConfig, changed_settings
 from autoevolve.distill import TrainResult
+from autoevolve.distill.fit import Judge
 from autoevolve.distill.trainers import TRAINERS, DistillJob
 from autoevolve.evaluate import decline, gate, guard_check, held_out, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators
@@ -48,6 +49,7 @@ class Round:
     bench: Workbench
     original: HCPConfig
     base_adapter: AdapterRecord | None
+    labelled: list[Task] | None = None  # the train tasks whose references the run may read; None: any (no budget)
     seconds: dict[str, float] = field(default_factory=dict)
     results: dict[str, Any] = field(default_factory=dict)  # finished stages' results, loaded or computed
 
@@ -133,7 +135,9 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
         seed=config.seed,
         endpoint_stop=config.model.endpoint_stop,
     )
-    return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live)
+    budget = config.labels.budget if config.labels else None
+    labelled = None if budget is None else labels.labelled_tasks(env, budget, config.seed)
+    return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live, labelled=labelled)
 
 
 def check_run(store: Store, config: RunConfig) -> None:
@@ -264,13 +268,16 @@ def round_report(store: Store, run_id: str, round: int) -> dict[str, Any] | None
 def stage_plan(r: Round) -> TaskPlan:
     """The round's tiers in play and train tasks: A_r's frontier with a curriculum, else a fixed seeded draw."""
     c, n = r.config.curriculum, max(r.config.evolve.train_tasks, r.config.select.train_tasks)
+    exclude = frozenset(t.id for t in r.labelled or [])  # stages 1 and 2 work on unlabelled tasks
     if c is None:
-        task_plan = curriculum.fixed_plan(r.bench, n, r.config.seed)
+        task_plan = curriculum.fixed_plan(r.bench, n, r.config.seed, exclude)
     else:
         before = r.bench.store.stage_result(r.bench.run_id, r.bench.round - 1, "plan") if r.bench.round else None
         tiers = TaskPlan.model_validate(before[0]).tiers if before else None
-        task_plan = curriculum.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers)
-        say(f"  plan: {task_plan.why}")
+        task_plan = curriculum.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers, exclude)
+    if c is not None or r.labelled is not None:
+        labelled = f"; {len(r.labelled)} labelled train tasks apart" if r.labelled is not None else ""
+        say(f"  plan: {task_plan.why}{labelled}")
     return task_plan
 
 
@@ -293,7 +300,21 @@ def stage_evolve(r: Round) -> EvolveResult:
     own = e.reflection.model == "policy"  # the policy reflects with the adapter it serves; another model with none
     ops = make_mutators(e, reflector, adapter=(r.base_ref or None) if own else None)
     carried = [r.evolved_before] if r.evolved_before else []
-    return evolve(r.bench, r.original, e, train=tasks, dev=dev, mutators=ops, adapter=r.base_ref, carried=carried)
+    shown = labelled_demos(r, task_plan(r).tiers)
+    return evolve(
+        r.bench, r.original, e, train=tasks, dev=dev, mutators=ops, adapter=r.base_ref, carried=carried,
+        labelled=r.labelled, labelled_demos=shown,
+    )  # fmt: skip
+
+
+def labelled_demos(r: Round, tiers: list[int]) -> HCPConfig | None:
+    """The original config showing the labelled references of the tiers in play as demos (the search's first
+    child); None without a labelled budget, or with fewer than two labels."""
+    e = r.config.evolve
+    refs = labels.references(r.bench.env, [t for t in r.labelled or [] if t.tier in tiers])
+    if len(refs) < 2:
+        return None
+    return labels.demos_config(r.original, refs, max(e.demo_k), e.demo_styles[0])
 
 
 def make_reflector(r: Round) -> Policy:
@@ -357,8 +378,10 @@ def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:
 def tier_demos(r: Round, tier: int, k: int) -> HCPConfig | None:
     """The original config showing k of a tier's labelled train solutions as full demos, the nearest per task
     (a task never sees its own); None when the tier's train tasks have no labels."""
-    tasks = [t for t in curriculum.train_of(r.bench, task_plan(r), r.config.select.train_tasks) if t.tier == tier]
-    items = [Demo(task_id=t.id, messages=m) for t in tasks if (m := r.bench.env.reference(t))]
+    tasks = r.labelled
+    if tasks is None:
+        tasks = curriculum.train_of(r.bench, task_plan(r), r.config.select.train_tasks)
+    items = [Demo(task_id=t.id, messages=m) for t in tasks if t.tier == tier and (m := r.bench.env.reference(t))]
     if len(items) < 2:
         return None
     demos = Demos(items=items, select="nearest", k=min(k, len(items) - 1), style="full")
@@ -402,9 +425,14 @@ def stage_distill(r: Round) -> Distilled:
     init = r.base_adapter.path if r.base_adapter and d.init == "live" else None
     replay = lineage_selections(r) if d.replay else []
     rehearsal = rehearsed(r)
+    refs = labels.references(r.bench.env, r.labelled or []) if r.config.labels and r.config.labels.train else {}
+    if refs:
+        say(f"  distill: {len(selection.items)} kept wins and the {len(refs)} labelled references")
+    judge = dev_judge(r, f"{name}@v{version}") if d.epoch_grid else None
     job = DistillJob(
-        r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay, rehearsal=rehearsal
-    )
+        r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay,
+        rehearsal=rehearsal, references=refs, judge=judge,
+    )  # fmt: skip
     trained = TRAINERS[r.config.distill.trainer](job, r.config.distill)
     (Path(trained.path) / "train_result.json").write_text(trained.model_dump_json(indent=2))
     registry.write_harness(trained.path, r.original)  # served under the config it learned under
@@ -422,6 +450,22 @@ def stage_distill(r: Round) -> Distilled:
     )
     r.bench.policy.add_adapter(record.ref, record.path)
     return Distilled(record, trained)
+
+
+def dev_judge(r: Round, ref: str) -> Judge:
+    """Scores an adapter folder under the original config on the last ``distill.dev_tasks`` dev tasks of the tiers
+    in play (the epoch's rollouts are stored under '<ref>-epoch<N>'), for choosing the training length."""
+    tasks = curriculum.in_play(r.bench.env.tasks("dev"), task_plan(r).tiers)[-r.config.distill.dev_tasks :]
+
+    def judge(path: str, epoch: int) -> float:
+        name = f"{ref}-epoch{epoch}"
+        r.bench.policy.add_adapter(name, path)
+        try:
+            return mean([t.reward for t in r.bench.rollouts(r.original, tasks, adapter=name, stage="distill")])
+        finally:
+            r.bench.policy.remove_adapter(name)
+
+    return judge
 
 
 def rehearsed(r: Round) -> list[Trajectory]:

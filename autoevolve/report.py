@@ -51,6 +51,7 @@ def write_report(
             "budget": evolved.budget,
         },
         "plan": _plan(r, task_plan),
+        "labels": None if r.labelled is None else {"budget": len(r.labelled), "tasks": [t.id for t in r.labelled]},
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round),
         "failed_rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round, backend_failed=True),
         "selected": len(selection.items),

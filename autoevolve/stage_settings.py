@@ -114,6 +114,24 @@ class EvolveSettings(Section):
         return value
 
 
+class LabelSettings(Section):
+    """The labelled set (``autoevolve.labels``): how many train tasks carry reference solutions, and what the loop
+    does with them. Without this section every train task's reference may be shown as a demo and none is trained on.
+    """
+
+    budget: int = Field(
+        ge=0,
+        description="Train tasks whose references the run may read, drawn seeded (the run's seed) and balanced over "
+        "tiers and task kinds; a smaller budget's set lies inside a larger one's. Stage 1 shows only these as demos; "
+        "stages 1 and 2 work on the other, unlabelled train tasks. 0: no labels (rewards only).",
+    )
+    train: bool = Field(
+        default=True,
+        description="Stage 3 also trains on the labelled references, one per task, re-rendered under the original "
+        "config beside the kept wins (trainer sft only).",
+    )
+
+
 class CurriculumSettings(Section):
     """Which tasks a round works on: the live adapter's frontier, over tiers that enter play as earlier ones pass."""
 
@@ -183,6 +201,12 @@ class DistillSettings(TrainSettings):
         default=None,
         description="Run stage 3 as a flow run of this Prefect deployment ('flow-name/deployment-name', e.g. "
         "'autoevolve-distill/gpu' on the GPU pool); None: in the round's own process.",
+    )
+    dev_tasks: int = Field(
+        default=24,
+        gt=0,
+        description="With epoch_grid: how many dev tasks of the tiers in play the training length is chosen on, "
+        "the split's last ones (stage 1 and the gate read its first ones).",
     )
     replay: bool = Field(
         default=True,

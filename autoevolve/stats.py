@@ -48,3 +48,29 @@ def sign_flip_p(diffs: list[float], seed: int = 0) -> float:
             hits = sum(sum(s if rng.random() < 0.5 else -s for s in steps) >= observed for _ in range(FLIPS))
             return (1 + hits) / (1 + FLIPS)
     return sum(ways for total, ways in sums.items() if total >= observed) / 2 ** len(steps)
+
+
+def hierarchical_ci(groups: list[list[float]], seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap 95% interval of the mean over groups (e.g. seeds) of each group's mean over its values
+    (e.g. test tasks): groups resampled with replacement, then values within each drawn group, so the interval
+    carries both the spread between seeds and the noise of a finite task set."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    means = []
+    for _ in range(BOOTSTRAP):
+        drawn = rng.choices(groups, k=len(groups))
+        means.append(sum(sum(rng.choices(g, k=len(g))) / len(g) for g in drawn) / len(drawn))
+    means.sort()
+    return (round(means[int(0.025 * BOOTSTRAP)], 4), round(means[int(0.975 * BOOTSTRAP) - 1], 4))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values for testing them together (each is compared with alpha as is)."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

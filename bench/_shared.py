@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,9 +28,36 @@ def commit() -> str:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+CODE = ("autoevolve", "bench", "prompts", "configs", "pyproject.toml", "constraints.txt")  # what makes a result
+
+
+def code_id() -> str:
+    """A short hash of the code a result depends on, as it is in the working tree (tracked files under ``CODE``,
+    bench results aside): the same id means the same code, whatever else was committed since."""
+    spec = ["--", *CODE, ":!bench/results"]
+    try:
+        listed = subprocess.run(["git", "ls-files", "-s", *spec], cwd=ROOT, capture_output=True, text=True, check=True)
+        changed = subprocess.run(["git", "diff", "HEAD", *spec], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return hashlib.sha256((listed.stdout + changed.stdout).encode()).hexdigest()[:12]
+
+
+def fresh_home(path: Path) -> Path:
+    """A bench's folder of stored rollouts and adapters, emptied first if other code made them: stored work is
+    reused only when the code that made it is unchanged (``code_id``)."""
+    marker = path / "code_id"
+    if path.exists() and (not marker.exists() or marker.read_text().strip() != code_id()):
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    marker.write_text(code_id() + "\n")
+    return path
+
+
 def write_json(path: Path, table: dict[str, Any]) -> None:
-    """Write a bench's results with the commit id and the command line that produced them."""
-    body = {"commit": commit(), "command": " ".join([Path(sys.executable).name, *sys.argv]), **table}
+    """Write a bench's results with the commit id, the code id and the command line that produced them."""
+    command = " ".join([Path(sys.executable).name, *sys.argv])
+    body = {"commit": commit(), "code": code_id(), "command": command, **table}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body, indent=2) + "\n")
     print(f"wrote {path}")

@@ -1,27 +1,31 @@
 """Is the loop ahead of what a researcher would do without it? Its served expert beside the cheap baselines, at the
-same labels and training budget, on the same test tasks under the original config.
+same labels and the same rollout budget, on the same test tasks under the original config.
 
-- loop: the config's rounds as ``autoevolve run`` runs them.
-- sft_refs: LoRA SFT on the labelled reference solutions the loop's configs showed as demos (the same tasks),
-  for as many optimiser steps as the loop's distillation took.
-- rft: rejection-sampling fine-tuning without prompt evolution: k samples per train task the loop worked on, under
-  the original config with the base model at select.temperature (as many rollouts as the loop's plan, evolve and
-  select stages made), the full-reward ones kept, LoRA SFT for the loop's step count.
-- no_refs: the loop with ``evolve.references: false``: demos only from the model's own successes (rewards, no labels).
-- sft_truth (asked for by name): LoRA SFT on the ground-truth solutions of the train tasks the loop distilled (as
-  many as it kept, each task's reference instead of the model's own winning rollout), the loop's step count.
+- loop: the config's rounds, as ``autoevolve run`` runs them (through the library, on the bench's one policy).
+- sft_refs: LoRA SFT on the labelled references (the config's labelled set; without ``labels:``, the references the
+  loop's configs showed as demos).
+- sft_then_rft: expert iteration, what a researcher runs with labels and a scorer: sft_refs's adapter under the
+  original config samples the unlabelled train tasks the loop worked on (greedy, then at select.temperature on the
+  ones still unsolved, pass after pass) until it has made as many rollouts as the loop; its full-reward wins and the
+  references are trained on, from the base.
+- icl_distill: no search: the base model under the original config showing the labelled references as demos (the
+  config the loop's search starts from) samples the same tasks with the same budget; its wins and the references
+  are trained on. loop - icl_distill is what stage 1's search adds.
+- rft: the base model under the original config samples the loop's train tasks (no labels), the wins trained on.
+- no_refs: the loop without labels (``labels.budget: 0``, or ``evolve.references: false``).
+- sft_truth / sft_all_truth (asked for by name): LoRA SFT on the references of the train tasks the loop distilled /
+  of every train task (BFCL, where every task has its ground truth).
 
-Each arm has its own store and run folder under trajectories/baselines/RUN_ID/seedS/ARM; a re-run reuses what is
-stored (every rollout, every trained adapter). Per arm: the labels it saw, the rollouts that made its training data,
-optimiser steps, examples, the test score with its 95% interval, and the paired difference to the loop with its
-interval; PASS when the loop is ahead of sft_refs and of rft with the paired interval above zero. ``--seeds 0 1 2``
-runs every arm per seed (the seed draws the train tasks; the test tasks stay the same), then the loop's lead over
-each arm averaged over the seeds task by task, with its interval and the same check.
+With ``distill.epoch_grid`` in the config, every trained arm chooses its training length on the same dev tasks by
+the same rule as the loop's stage 3 (the last ``distill.dev_tasks`` dev tasks, the adapter scored after each epoch of
+the grid); without it, each arm trains for the loop's step count. Each arm has its own store and run folder under
+trajectories/baselines/RUN_ID/seedS/ARM; a re-run reuses what is stored only if the code that made it is unchanged
+(``_shared.fresh_home``). Per arm: labels seen, rollouts that made its training data, optimiser steps, examples,
+the test score with its 95% interval, and the paired difference to the loop.
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/baselines.py [--seeds 0 1 2]
-     (make bench-baselines runs three seeds)
-     .venv/bin/python bench/baselines.py --config configs/bfcl.yaml --arms loop sft_truth --loop-in-place
-     (the loop arm reads back the finished ``autoevolve run`` of the config instead of running its own)
+     .venv/bin/python bench/baselines.py --config configs/loop.yaml --arms loop sft_refs sft_then_rft icl_distill
+     .venv/bin/python bench/baselines.py --config configs/bfcl.yaml --arms loop sft_truth sft_all_truth --loop-in-place
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from _shared import paired_gain, write_json  # noqa: E402
+from _shared import code_id, fresh_home, paired_gain, write_json  # noqa: E402
 
-ARMS = ("loop", "sft_refs", "rft", "no_refs", "sft_truth")
-DEFAULT_ARMS = ARMS[:4]
+ARMS = ("loop", "sft_refs", "sft_then_rft", "icl_distill", "rft", "no_refs", "sft_truth", "sft_all_truth")
+DEFAULT_ARMS = ARMS[:6]
 DATA_STAGES = ("plan", "evolve", "select")  # the rollouts that choose and make training data (not gate, report)
 
 
@@ -56,22 +60,26 @@ class Arm:
     train_s: float
     rewards: list[float]  # per test task, served expert + original config
     note: str
+    path: str = ""  # the adapter it serves ('' for the base model)
+    epochs: float | None = None  # the training length chosen on dev (with distill.epoch_grid)
 
 
 def arm_config(config: Any, arm: str, in_place: bool = False) -> Any:
     """The run config of an arm: its own store and run folder (the loop's own with ``in_place``); no_refs without
-    labelled references."""
+    labels."""
     if in_place and arm == "loop":
         return config
-    home = ROOT / "trajectories" / "baselines" / str(config.run_id) / f"seed{config.seed}" / arm
+    home = fresh_home(ROOT / "trajectories" / "baselines" / str(config.run_id) / f"seed{config.seed}" / arm)
     update: dict[str, Any] = {"store": home / "store.duckdb", "run_dir": home / "runs"}
-    if arm == "no_refs":
+    if arm == "no_refs" and config.labels is not None:
+        update["labels"] = config.labels.model_copy(update={"budget": 0})
+    elif arm == "no_refs":
         update["evolve"] = config.evolve.model_copy(update={"references": False})
     return config.model_copy(update=update)
 
 
 def test_tasks(config: Any) -> list[Any]:
-
+    """The test tasks every arm is scored on."""
     return config.env.make().tasks("test")[: config.gate.test_tasks]
 
 
@@ -95,15 +103,38 @@ def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
     return sorted(shown)
 
 
+def labelled_ids(config: Any) -> list[str] | None:
+    """The config's labelled train task ids (None without a labelled budget)."""
+    from autoevolve import labels
+
+    if config.labels is None:
+        return None
+    return [t.id for t in labels.labelled_tasks(config.env.make(), config.labels.budget, config.seed)]
+
+
+def run_rounds(config: Any, policy: Any) -> None:
+    """The config's rounds through the library on the bench's policy (finished rounds are read back)."""
+    from autoevolve import loop
+    from autoevolve.report import write_rounds
+
+    reports = []
+    for number in range(config.rounds):
+        r = loop.open_round(config, policy, number)
+        try:
+            reports.append(loop.run_round(r))
+        finally:
+            r.bench.store.close()
+    write_rounds(config, reports)
+
+
 def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tuple[Arm, dict[str, Any]]:
-    """Run (or read back) the loop under an arm's config; its served expert's test rewards (read back from its
-    report stage; scored here when no round reached one) and what it spent."""
+    """Run (or read back) the loop under an arm's config; its served expert's test rewards and what it spent."""
     from autoevolve.records import TaskPlan
     from autoevolve.store import Store
-    from autoevolve_flows.loop_flow import loop_flow
 
     cfg = arm_config(config, arm, in_place)
-    loop_flow(cfg)
+    if not in_place:
+        run_rounds(cfg, policy)
     run_id, env = str(cfg.run_id), cfg.env.make()
     with Store(cfg.store, read_only=True) as store:
         served = store.promoted_adapter(cfg.expert)
@@ -113,14 +144,14 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         n = max(cfg.evolve.train_tasks, cfg.select.train_tasks)
         facts = {
             "train_tasks": sorted({i for p in plans for i in p.train[:n]}),
-            "references": references_shown(store, run_id, env),
+            "references": labelled_ids(cfg) if cfg.labels is not None else references_shown(store, run_id, env),
             "rollouts": sum(len(store.trajectories(run_id, stage=s)) for s in DATA_STAGES),
             "steps": sum(r["steps"] for r in results),
             "distilled": [i.task_id for a in trained if a.selection_id for i in store.selection(a.selection_id).items],
         }
     rewards = score(policy, cfg, served.ref, served.path) if served else score(policy, cfg)
     note = f"serves {served.ref if served else 'the base model'}; {len(trained)} adapter(s) trained"
-    return Arm(
+    arm_row = Arm(
         name=arm,
         labels=len(facts["references"]),
         rollouts=facts["rollouts"],
@@ -129,23 +160,52 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         train_s=sum(r["seconds"] for r in results),
         rewards=rewards,
         note=note,
-    ), facts
+        path=served.path if served else "",
+        epochs=results[-1].get("epochs") if results else None,
+    )
+    return arm_row, facts
 
 
-def train_matched(examples: list[list[dict]], config: Any, out: Path, steps: int) -> Any:
-    """LoRA SFT from the base with the loop's distill settings, for ``steps`` optimiser steps (read back if done)."""
+def judge(policy: Any, config: Any, arm: str) -> Any:
+    """Scores an adapter folder on the last ``distill.dev_tasks`` dev tasks under the original config (the rule of
+    the loop's stage 3), its rollouts stored in the arm's store."""
+    from autoevolve.stats import mean
+    from autoevolve.store import Store
+    from autoevolve.workbench import Workbench
+
+    tasks = config.env.make().tasks("dev")[-config.distill.dev_tasks :]
+
+    def scored(path: str, epoch: int) -> float:
+        name = f"{arm}-epoch{epoch}"
+        policy.add_adapter(name, path)
+        try:
+            with Store(config.store) as store:
+                bench = Workbench(policy, config.env.make(), store, str(config.run_id), seed=config.seed)
+                return mean([t.reward for t in bench.rollouts(config.original_hcp(), tasks, name, stage="distill")])
+        finally:
+            policy.remove_adapter(name)
+
+    return scored
+
+
+def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps: int) -> Any:
+    """LoRA SFT from the base with the config's distill settings: the length chosen on dev with
+    ``distill.epoch_grid``, else ``steps`` optimiser steps (the loop's). Read back if this arm trained before."""
     from autoevolve.distill import TrainResult
     from autoevolve.distill.dataset import native_tools
     from autoevolve.distill.sft import train_sft
 
+    out = Path(config.run_dir) / "adapter"
     done = out / "train_result.json"
     if done.exists():
         return TrainResult.model_validate_json(done.read_text())
-    d = config.distill
-    per_epoch = math.ceil(len(examples) / (d.batch_size * d.grad_accum))
-    epochs = (steps - 0.5) / per_epoch if steps else d.epochs  # the Trainer takes ceil(epochs x per_epoch) steps
-    settings = d.model_copy(update={"epochs": epochs})
-    result = train_sft(examples, config.model.name, out, settings, tools=native_tools(config.original_hcp()))
+    d, tools = config.distill, native_tools(config.original_hcp())
+    if d.epoch_grid:
+        result = train_sft(examples, config.model.name, out, d, tools=tools, judge=judge(policy, config, arm))
+    else:
+        per_epoch = math.ceil(len(examples) / (d.batch_size * d.grad_accum))
+        epochs = (steps - 0.5) / per_epoch if steps else d.epochs  # the Trainer takes ceil(epochs x per_epoch) steps
+        result = train_sft(examples, config.model.name, out, d.model_copy(update={"epochs": epochs}), tools=tools)
     done.write_text(result.model_dump_json(indent=2))
     return result
 
@@ -161,62 +221,124 @@ def score(policy: Any, config: Any, adapter: str = "", path: str | None = None) 
     env = config.env.make()
     with Store(config.store) as store:
         bench = Workbench(policy, env, store, str(config.run_id), seed=config.seed)
-        return [t.reward for t in bench.rollouts(config.original_hcp(), test_tasks(config), adapter, stage="report")]
+        rewards = [t.reward for t in bench.rollouts(config.original_hcp(), test_tasks(config), adapter, stage="report")]
+    if path is not None:
+        policy.remove_adapter(adapter)
+    return rewards
+
+
+def examples_of(config: Any, task_ids: list[str]) -> list[list[dict]]:
+    """The references of these train tasks under the original config."""
+    env, original = config.env.make(), config.original_hcp()
+    tasks = {t.id: t for t in env.tasks("train")}
+    return [original.render(tasks[i], env.reference(tasks[i]))[0] for i in task_ids]
+
+
+def trained_arm(
+    policy: Any, cfg: Any, arm: str, examples: list[list[dict]], facts: dict[str, Any], labels: int, rollouts: int,
+    note: str,
+) -> Arm:  # fmt: skip
+    """Train an arm on its examples and score it on test (the base model when it has none)."""
+    if not examples:
+        return Arm(arm, labels, rollouts, 0, 0, 0.0, score(policy, cfg), f"{note}; nothing to train on: the base")
+    result = train(policy, cfg, arm, examples, facts["steps"])
+    rewards = score(policy, cfg, arm, result.path)
+    return Arm(arm, labels, rollouts, result.steps, result.examples, result.seconds, rewards, note, result.path,
+               result.epochs)  # fmt: skip
 
 
 def sft_refs(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
-    """LoRA SFT on the references the loop showed, under the original config, the loop's step count."""
-    return sft_on(policy, config, "sft_refs", facts, facts["references"], "references of the loop's demos")
+    """LoRA SFT on the labelled references under the original config."""
+    cfg, ids = arm_config(config, "sft_refs"), facts["references"]
+    return trained_arm(policy, cfg, "sft_refs", examples_of(cfg, ids), facts, len(ids), 0, f"{len(ids)} references")
 
 
 def sft_truth(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
-    """LoRA SFT on the ground-truth solutions of the train tasks the loop distilled, the loop's step count."""
-    return sft_on(policy, config, "sft_truth", facts, facts["distilled"], "ground truths of the tasks it distilled")
+    """LoRA SFT on the ground-truth solutions of the train tasks the loop distilled."""
+    cfg, ids = arm_config(config, "sft_truth"), facts["distilled"]
+    note = f"{len(ids)} ground truths of the tasks it distilled"
+    return trained_arm(policy, cfg, "sft_truth", examples_of(cfg, ids), facts, len(ids), 0, note)
 
 
-def sft_on(policy: Any, config: Any, arm: str, facts: dict[str, Any], task_ids: list[str], what: str) -> Arm:
-    """An arm that trains LoRA SFT on the references of the given train tasks, under the original config, for the
-    loop's step count (the base model when there are none)."""
-    cfg = arm_config(config, arm)
-    env, original = cfg.env.make(), cfg.original_hcp()
-    tasks = {t.id: t for t in env.tasks("train")}
-    examples = [original.render(tasks[i], env.reference(tasks[i]))[0] for i in task_ids]
-    if not examples:
-        return Arm(arm, 0, 0, 0, 0, 0.0, score(policy, cfg), f"no {what}: the base model")
-    result = train_matched(examples, cfg, Path(cfg.run_dir) / "adapter", facts["steps"])
-    rewards = score(policy, cfg, arm, result.path)
-    note = f"{len(examples)} {what}"
-    return Arm(arm, len(examples), 0, result.steps, result.examples, result.seconds, rewards, note)
+def sft_all_truth(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
+    """LoRA SFT on the ground truth of every train task."""
+    cfg = arm_config(config, "sft_all_truth")
+    env = cfg.env.make()
+    ids = [t.id for t in env.tasks("train") if env.reference(t)]
+    note = f"ground truths of all {len(ids)} train tasks"
+    return trained_arm(policy, cfg, "sft_all_truth", examples_of(cfg, ids), facts, len(ids), 0, note)
 
 
-def rft(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
-    """k samples per train task under the original config (base model), the full-reward ones kept, LoRA SFT."""
-    from autoevolve.distill.dataset import render_examples
+def harvest(
+    policy: Any, cfg: Any, hcp: Any, adapter: str, task_ids: list[str], budget: int
+) -> tuple[list[Any], int, str]:
+    """Samples of ``hcp`` (+ ``adapter``) on the tasks, pass after pass, until ``budget`` rollouts are made: pass 0
+    as the config decodes, later passes at select.temperature and only on the tasks not yet won. Returns one
+    full-reward, error-free win per task won (the first), the rollouts made, and a note."""
     from autoevolve.store import Store
     from autoevolve.workbench import Workbench
 
-    cfg = arm_config(config, "rft")
-    env, original = cfg.env.make(), cfg.original_hcp()
+    env = cfg.env.make()
     by_id = {t.id: t for t in env.tasks("train")}
-    tasks = [by_id[i] for i in facts["train_tasks"]]
-    k = max(1, facts["rollouts"] // len(tasks))
-    sampled = original.sampled(cfg.select.temperature)
+    todo, wins, made, passes = [by_id[i] for i in task_ids], [], 0, 0
     with Store(cfg.store) as store:
         bench = Workbench(policy, env, store, str(cfg.run_id), seed=cfg.seed)
-        drawn = bench.rollouts(sampled, tasks, stage="select", samples=k)
-    wins, seen = [], set()
-    for t in drawn:
-        key = json.dumps([m.model_dump(mode="json") for m in t.messages], sort_keys=True)
-        if t.reward >= 1.0 and not t.error and key not in seen:
-            seen.add(key)
-            wins.append(t)
-    solved = len({t.task_id for t in wins})
-    note = f"{k} samples x {len(tasks)} tasks at T={cfg.select.temperature}: {len(wins)} wins on {solved} tasks"
-    if not wins:
-        return Arm("rft", 0, len(drawn), 0, 0, 0.0, score(policy, cfg), note + "; nothing to train: the base")
-    result = train_matched(render_examples(wins, by_id, original), cfg, Path(cfg.run_dir) / "adapter", facts["steps"])
-    rewards = score(policy, cfg, "rft", result.path)
-    return Arm("rft", 0, len(drawn), result.steps, result.examples, result.seconds, rewards, note)
+        while todo and made < budget:
+            batch = todo[: budget - made]
+            config = hcp if passes == 0 else hcp.sampled(cfg.select.temperature)
+            drawn = bench.rollouts(config, batch, adapter, stage="select", first_sample=passes)
+            made += len(drawn)
+            won = {t.task_id: t for t in drawn if t.reward >= 1.0 and not t.error}
+            wins += [won[t.id] for t in batch if t.id in won]
+            todo = [t for t in todo if t.id not in won]
+            passes += 1
+    note = f"{made} rollouts in {passes} passes over {len(task_ids)} tasks: {len(wins)} won"
+    return wins, made, note
+
+
+def distilled_arm(policy: Any, config: Any, arm: str, facts: dict[str, Any], hcp: Any, adapter: str = "") -> Arm:
+    """An arm that harvests the loop's train tasks with ``hcp`` (+ ``adapter``) on the loop's rollout budget and
+    trains on its wins and the labelled references, from the base."""
+    from autoevolve.distill.dataset import render_examples
+
+    cfg, refs = arm_config(config, arm), facts["references"]
+    tasks = [i for i in facts["train_tasks"] if i not in set(refs)]
+    wins, made, note = harvest(policy, cfg, hcp, adapter, tasks, facts["rollouts"])
+    by_id = {t.id: t for t in cfg.env.make().tasks("train")}
+    examples = render_examples(wins, by_id, cfg.original_hcp()) + examples_of(cfg, refs)
+    return trained_arm(policy, cfg, arm, examples, facts, len(refs), made, f"{note}; + {len(refs)} references")
+
+
+def sft_then_rft(policy: Any, config: Any, facts: dict[str, Any], first: Arm) -> Arm:
+    """Expert iteration: sft_refs's adapter samples the unlabelled tasks under the original config."""
+    if not first.path:
+        return Arm("sft_then_rft", first.labels, 0, 0, 0, 0.0, first.rewards, "sft_refs trained nothing: its score")
+    policy.add_adapter("sft_refs", first.path)
+    try:
+        return distilled_arm(policy, config, "sft_then_rft", facts, config.original_hcp(), "sft_refs")
+    finally:
+        policy.remove_adapter("sft_refs")
+
+
+def icl_distill(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
+    """No search: the base model under the original config with the labelled references as demos."""
+    from autoevolve import labels
+
+    env, e = config.env.make(), config.evolve
+    by_id = {t.id: t for t in env.tasks("train")}
+    refs = labels.references(env, [by_id[i] for i in facts["references"]])
+    if len(refs) < 2:
+        return Arm("icl_distill", len(refs), 0, 0, 0, 0.0, score(policy, arm_config(config, "icl_distill")),
+                   "fewer than two references: the base")  # fmt: skip
+    shown = labels.demos_config(config.original_hcp(), refs, max(e.demo_k), e.demo_styles[0])
+    return distilled_arm(policy, config, "icl_distill", facts, shown)
+
+
+def rft(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
+    """The base model under the original config samples the loop's train tasks (no labels); the wins trained on."""
+    no_labels = {**facts, "references": []}
+    arm = distilled_arm(policy, config, "rft", no_labels, config.original_hcp().sampled(config.select.temperature))
+    return arm
 
 
 def _mean(values: list[float]) -> float:
@@ -229,7 +351,7 @@ def table(arms: list[Arm]) -> tuple[list[str], list[dict[str, Any]]]:
 
     loop = arms[0].rewards
     head = (
-        f"{'arm':<9} {'labels':>6} {'rollouts':>8} {'steps':>5} {'examples':>8} {'train s':>7} "
+        f"{'arm':<13} {'labels':>6} {'rollouts':>8} {'steps':>5} {'epochs':>6} {'examples':>8} {'train s':>7} "
         f"{'test [95% CI]':>22} {'loop - arm [95% CI]':>26}  note"
     )
     lines, rows = [head], []
@@ -237,22 +359,36 @@ def table(arms: list[Arm]) -> tuple[list[str], list[dict[str, Any]]]:
         lo, hi = bootstrap_ci(a.rewards)
         diff, (dlo, dhi) = paired_gain(loop, a.rewards)
         shown = "-" if a.name == "loop" else f"{diff:+.3f} [{dlo:+.3f}, {dhi:+.3f}]"
+        epochs = "-" if a.epochs is None else f"{a.epochs:g}"
         lines.append(
-            f"{a.name:<9} {a.labels:>6} {a.rollouts:>8} {a.steps:>5} {a.examples:>8} {a.train_s:>7.0f} "
+            f"{a.name:<13} {a.labels:>6} {a.rollouts:>8} {a.steps:>5} {epochs:>6} {a.examples:>8} {a.train_s:>7.0f} "
             f"{f'{_mean(a.rewards):.3f} [{lo:.3f}, {hi:.3f}]':>22} {shown:>26}  {a.note}"
         )
-        row = asdict(a) | {"score": _mean(a.rewards), "ci": [lo, hi]}
+        row = asdict(a) | {"score": _mean(a.rewards), "ci": [lo, hi], "code": code_id()}
         rows.append(row | ({} if a.name == "loop" else {"loop_minus_arm": diff, "loop_minus_arm_ci": [dlo, dhi]}))
     return lines, rows
 
 
+def tier_lines(config: Any, arms: list[Arm]) -> list[str]:
+    """Each arm's test score per tier (when the test tasks span several)."""
+    tiers = [t.tier for t in test_tasks(config)]
+    if len(set(tiers)) < 2:
+        return []
+    head = f"{'arm':<13} " + " ".join(f"{f'tier {k}':>7}" for k in sorted(set(tiers)))
+    lines = [head]
+    for a in arms:
+        per = [_mean([r for r, t in zip(a.rewards, tiers, strict=True) if t == k]) for k in sorted(set(tiers))]
+        lines.append(f"{a.name:<13} " + " ".join(f"{v:>7.3f}" for v in per))
+    return lines
+
+
 def checks(arms: list[Arm]) -> list[str]:
-    """The loop must be ahead of each cheap baseline with the paired interval above zero."""
+    """The loop must be ahead of each baseline that has labels with the paired interval above zero."""
     loop, out = arms[0], []
     for a in arms[1:]:
         diff, (lo, hi) = paired_gain(loop.rewards, a.rewards)
-        if a.name == "no_refs":
-            out.append(f"loop vs no_refs (what the labels bring): {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
+        if a.name in ("no_refs", "rft"):
+            out.append(f"loop vs {a.name} (what the labels bring): {diff:+.3f} [{lo:+.3f}, {hi:+.3f}]")
             continue
         verdict = "PASS" if lo > 0 else "FAIL"
         out.append(
@@ -268,34 +404,40 @@ def run_seed(
     """Every arm for one seed (the loop first): the arms, the loop's facts, and the policy (loaded once)."""
     from autoevolve.loop import make_policy
 
-    loop, facts = run_loop(config, "loop", policy := policy or make_policy(config), in_place)
-    arms = [loop]
+    policy = policy or make_policy(config)
+    loop, facts = run_loop(config, "loop", policy, in_place)
+    arms, done = [loop], {"loop": loop}
     for name in [a for a in names if a != "loop"]:
         print(f"== seed {config.seed}: {name}", flush=True)
         if name == "no_refs":
-            arms.append(run_loop(config, "no_refs", policy)[0])
-            continue
-        arms.append({"sft_refs": sft_refs, "rft": rft, "sft_truth": sft_truth}[name](policy, config, facts))
+            arm = run_loop(config, "no_refs", policy)[0]
+        elif name == "sft_then_rft":
+            first = done.get("sft_refs") or sft_refs(policy, config, facts)
+            arm = sft_then_rft(policy, config, facts, first)
+        else:
+            run = {"sft_refs": sft_refs, "icl_distill": icl_distill, "rft": rft, "sft_truth": sft_truth}
+            arm = (run | {"sft_all_truth": sft_all_truth})[name](policy, config, facts)
+        arms.append(arm)
+        done[name] = arm
     return arms, facts, policy
 
 
 def across_seeds(runs: list[list[Arm]]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Per arm over the seeds: each seed's score, and the loop's paired lead averaged over seeds per test task (the
-    tasks are the same every seed) with its 95% interval."""
-    from autoevolve.stats import bootstrap_ci
+    """Per arm over the seeds: each seed's score, and the loop's paired lead with its hierarchical 95% interval
+    (seeds resampled, then tasks within each)."""
+    from autoevolve.stats import hierarchical_ci
 
-    lines = [f"{'arm':<9} {'per seed':>24} {'median':>7} {'loop - arm over seeds [95% CI]':>32}"]
+    lines = [f"{'arm':<13} {'per seed':>30} {'median':>7} {'loop - arm over seeds [95% CI]':>32}"]
     rows = []
     for i, name in enumerate(a.name for a in runs[0]):
         scores = [_mean(arms[i].rewards) for arms in runs]
-        per_task = [
-            _mean([arms[0].rewards[t] - arms[i].rewards[t] for arms in runs]) for t in range(len(runs[0][0].rewards))
-        ]
-        lead, (lo, hi) = _mean(per_task), bootstrap_ci(per_task)
+        diffs = [[x - y for x, y in zip(arms[0].rewards, arms[i].rewards, strict=True)] for arms in runs]
+        lead, (lo, hi) = _mean([_mean(d) for d in diffs]), hierarchical_ci(diffs)
         shown = "-" if i == 0 else f"{lead:+.3f} [{lo:+.3f}, {hi:+.3f}]"
         seeds = " ".join(f"{v:.3f}" for v in scores)
-        verdict = "" if name in ("loop", "no_refs") else f"  ahead, interval above 0: {'PASS' if lo > 0 else 'FAIL'}"
-        lines.append(f"{name:<9} {seeds:>24} {sorted(scores)[len(scores) // 2]:>7.3f} {shown:>32}{verdict}")
+        labelled = name not in ("loop", "no_refs", "rft")
+        verdict = f"  ahead, interval above 0: {'PASS' if lo > 0 else 'FAIL'}" if labelled else ""
+        lines.append(f"{name:<13} {seeds:>30} {sorted(scores)[len(scores) // 2]:>7.3f} {shown:>32}{verdict}")
         rows.append({"arm": name, "scores": scores, "loop_minus_arm": lead, "ci": [lo, hi]})
     return lines, rows
 
@@ -315,10 +457,11 @@ def main() -> None:
     config = load_config(args.config)
     started, policy, runs, body = time.perf_counter(), None, [], {"config": str(args.config), "seeds": []}
     for seed in args.seeds or [config.seed]:
-        arms, facts, policy = run_seed(config.model_copy(update={"seed": seed}), args.arms, policy, args.loop_in_place)
+        cfg = config.model_copy(update={"seed": seed})
+        arms, facts, policy = run_seed(cfg, args.arms, policy, args.loop_in_place)
         lines, rows = table(arms)
         head = f"{config.run_id}, seed {seed}: {len(arms[0].rewards)} test tasks, original config"
-        print("\n".join([head, *lines, "", *checks(arms), ""]))
+        print("\n".join([head, *lines, "", *tier_lines(cfg, arms), "", *checks(arms), ""]))
         runs.append(arms)
         body["seeds"].append({"seed": seed, "arms": rows, "references": facts["references"], "checks": checks(arms)})
     if len(runs) > 1:

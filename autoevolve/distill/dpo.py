@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autoevolve.distill.dataset import assistant_mask, prompt_ids, render_examples
-from autoevolve.distill.fit import TrainResult, fit, trainer_args
+from autoevolve.distill.fit import Judge, TrainResult, fit, trainer_args
 from autoevolve.distill.settings import DPOSettings, TrainSettings
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Task, Trajectory
@@ -47,6 +47,7 @@ def train_dpo(
     settings: TrainSettings,
     init_adapter: str | None = None,
     dpo: DPOSettings | None = None,
+    judge: Judge | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter with DPO (continuing from ``init_adapter`` if given) and save it to ``out_dir``; ``dpo``
     holds DPO's own settings (defaults if None)."""
@@ -70,7 +71,7 @@ def train_dpo(
         )
         return trainer, len(rows)
 
-    return fit(model_name, out_dir, settings, init_adapter, build)
+    return fit(model_name, out_dir, settings, init_adapter, build, judge)
 
 
 def preference_dataset(

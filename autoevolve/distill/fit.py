@@ -3,12 +3,15 @@
 A fresh base model is loaded for every run so training never touches the weights the policy serves. The adapter
 is saved in PEFT safetensors format with ``base_model_name_or_path`` set to the base model id, which vLLM needs.
 Each trainer (``sft``, ``dpo``, ``grpo``) only builds its TRL trainer; ``fit`` does the rest, on CPU (fp32) or one
-CUDA device (bf16), same code.
+CUDA device (bf16), same code. With ``epoch_grid`` the training length is chosen on dev: after each listed epoch the
+adapter is saved and handed to the caller's judge (a dev score), training stops at the first epoch that does not
+beat the best before it, and the best epoch's adapter is the one saved.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autoevolve.distill.settings import TrainSettings
 from autoevolve.model import base_model_id, load, native_bf16
+from autoevolve.narration import say
 
 TRAINING_LOG = "training_log.jsonl"  # in every adapter folder: the trainer's log rows, one JSON object a line
 
@@ -39,19 +43,32 @@ class TrainResult(BaseModel):
     train_seconds: float = Field(default=0.0, description="Seconds in the training loop (no loading or saving).")
     first_reward: float | None = Field(default=None, description="GRPO: mean reward of the first step's replies.")
     last_reward: float | None = Field(default=None, description="GRPO: mean reward of the last step's replies.")
+    dev_by_epoch: dict[str, float] = Field(
+        default_factory=dict, description="With epoch_grid: the dev score after each epoch judged, by epoch."
+    )
+    epochs: float | None = Field(default=None, description="With epoch_grid: the epoch whose adapter was kept.")
 
 
 Build = Callable[[Any, Any, str, bool], tuple[Any, int]]  # (model, tokenizer, output_dir, cuda) -> (trainer, examples)
+Judge = Callable[[str, int], float]  # (adapter folder, epoch) -> its dev score
 
 
 def fit(
-    model_name: str, out_dir: str | Path, settings: TrainSettings, init_adapter: str | None, build: Build
+    model_name: str,
+    out_dir: str | Path,
+    settings: TrainSettings,
+    init_adapter: str | None,
+    build: Build,
+    judge: Judge | None = None,
 ) -> TrainResult:
     """What every trainer shares: seed, a fresh base wrapped in the LoRA (new, or A_r to continue), the TRL trainer
-    ``build`` makes for it, training, and the adapter saved with its base model id."""
+    ``build`` makes for it, training, and the adapter saved with its base model id (with ``settings.epoch_grid``,
+    the one of the epoch ``judge`` scored best)."""
     import torch
     from transformers import set_seed
 
+    if settings.epoch_grid and judge is None:
+        raise ValueError("epoch_grid chooses the training length on dev: it needs a judge that scores an adapter")
     start = time.perf_counter()
     set_seed(settings.seed)  # before the adapter is created: its A matrices are drawn at random
     # A fresh copy (the serving policy's weights are never trained); frozen base weights in bf16 under mixed
@@ -63,11 +80,58 @@ def fit(
         output_dir = str(Path(out_dir) / "logs") if settings.report_to else tmp
         trainer, examples = build(model, tokenizer, output_dir, torch.cuda.is_available())
         trainer.add_callback(progress_callback(_print_step))
+        lengths = _on_dev(settings.epoch_grid, judge, Path(out_dir) / "epochs", base_model_id(model_name))
+        if lengths is not None:
+            trainer.add_callback(lengths)
         output = trainer.train()
-    path = save_adapter(trainer.model, out_dir, base_model_id(model_name))
+    if lengths is None:
+        path = save_adapter(trainer.model, out_dir, base_model_id(model_name))
+    else:
+        path = lengths.keep_best(Path(out_dir))
     rows = trainer.state.log_history  # one row per step (loss, learning rate, grad norm, reward), then a summary
     (path / TRAINING_LOG).write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-    return trained(trainer, output, path, start, examples)
+    result = trained(trainer, output, path, start, examples)
+    if lengths is not None:
+        scores = {str(e): v for e, v in lengths.scores.items()}
+        result = result.model_copy(update={"dev_by_epoch": scores, "epochs": float(lengths.best)})
+    return result
+
+
+def _on_dev(grid: list[int] | None, judge: Judge | None, folder: Path, base: str) -> Any:
+    """The callback that judges the adapter after each epoch of the grid and stops when it no longer improves."""
+    if not grid or judge is None:
+        return None
+    from transformers import TrainerCallback
+
+    class LengthOnDev(TrainerCallback):
+        """Saves and judges the adapter at the grid's epochs; stops at the first that does not beat the best."""
+
+        def __init__(self) -> None:
+            self.scores: dict[int, float] = {}
+            self.best = 0
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+            """Judge a grid epoch's adapter; stop unless it is the best so far and below a full score."""
+            epoch = round(state.epoch)
+            if epoch not in grid:
+                return
+            path = save_adapter(model, folder / f"epoch-{epoch}", base)
+            self.scores[epoch] = score = judge(str(path), epoch)
+            if not self.best or score > self.scores[self.best]:
+                self.best = epoch
+            say(f"  train: epoch {epoch} scores {score:.3f} on dev (best: epoch {self.best})")
+            if self.best != epoch or score >= 1.0:
+                control.should_training_stop = True
+
+        def keep_best(self, out_dir: Path) -> Path:
+            """The best epoch's adapter moved to ``out_dir``; the other epochs' removed."""
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for file in (folder / f"epoch-{self.best}").iterdir():
+                shutil.copy2(file, out_dir / file.name)
+            shutil.rmtree(folder)
+            return out_dir
+
+    return LengthOnDev()
 
 
 def with_adapter(model: Any, settings: TrainSettings, init_adapter: str | None) -> Any:
@@ -97,7 +161,7 @@ def trainer_args(settings: TrainSettings, output_dir: str, cuda: bool) -> dict[s
     device-aware."""
     return {
         "output_dir": output_dir,
-        "num_train_epochs": settings.epochs,
+        "num_train_epochs": settings.max_epochs,
         "learning_rate": settings.learning_rate,
         "per_device_train_batch_size": settings.batch_size,
         "gradient_accumulation_steps": settings.grad_accum,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from autoevolve.distill.fit import TrainResult, fit, trainer_args
+from autoevolve.distill.fit import Judge, TrainResult, fit, trainer_args
 from autoevolve.distill.settings import GRPOSettings, TrainSettings
 from autoevolve.envs import Environment
 from autoevolve.hcp import HCPConfig
@@ -57,6 +57,7 @@ def train_grpo(
     settings: TrainSettings,
     init_adapter: str | None = None,
     grpo: GRPOSettings | None = None,
+    judge: Judge | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter with GRPO on ``tasks`` (continuing from ``init_adapter`` if given); save to ``out_dir``.
     ``grpo`` holds GRPO's own settings (defaults if None)."""
@@ -78,7 +79,7 @@ def train_grpo(
         )
         return trainer, len(rows)
 
-    return fit(model_name, out_dir, settings, init_adapter, build)
+    return fit(model_name, out_dir, settings, init_adapter, build, judge)
 
 
 def _config(settings: TrainSettings, grpo: GRPOSettings, output_dir: str, cuda: bool) -> Any:

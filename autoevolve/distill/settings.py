@@ -24,6 +24,12 @@ class TrainSettings(_Settings):
     """What every trainer shares: the LoRA's shape, the optimiser, the batches, precision, seed and logging."""
 
     epochs: float = Field(default=2, gt=0, description="Passes over the examples (fractions allowed).")
+    epoch_grid: list[int] | None = Field(
+        default=None,
+        description="Choose the training length on dev: train up to the largest of these epochs, score the adapter "
+        "on dev tasks after each, stop at the first that does not beat the best before it (or once one scores 1.0) "
+        "and keep the best, the earliest of equals; ``epochs`` is then not used. None: train ``epochs``.",
+    )
     learning_rate: float = Field(
         default=1e-3, gt=0, description="Peak AdamW learning rate, decayed linearly to 0; LoRA on 135M takes ~1e-3."
     )
@@ -53,6 +59,19 @@ class TrainSettings(_Settings):
         "trackio, mlflow, wandb, ...), each set up as it documents; files they write locally (TensorBoard's event "
         "files) go to the adapter folder's logs/. The log is always saved there as training_log.jsonl.",
     )
+
+    @field_validator("epoch_grid")
+    @classmethod
+    def _increasing(cls, grid: list[int] | None) -> list[int] | None:
+        """Epochs to choose from, each a whole pass, in increasing order."""
+        if grid is not None and (not grid or min(grid) < 1 or grid != sorted(set(grid))):
+            raise ValueError(f"list whole epochs >= 1 in increasing order, e.g. [1, 2, 4, 8] (got {grid})")
+        return grid
+
+    @property
+    def max_epochs(self) -> float:
+        """Passes the trainer is set up for: the grid's largest, else ``epochs``."""
+        return max(self.epoch_grid) if self.epoch_grid else self.epochs
 
     @field_validator("report_to")
     @classmethod

@@ -11,7 +11,7 @@ from typing import Any
 
 from autoevolve.distill.compact import compact_sft_trainer
 from autoevolve.distill.dataset import build_dataset
-from autoevolve.distill.fit import TrainResult, fit, progress_callback, trainer_args
+from autoevolve.distill.fit import Judge, TrainResult, fit, progress_callback, trainer_args
 from autoevolve.distill.settings import SFTSettings, TrainSettings
 
 
@@ -24,12 +24,14 @@ def train_sft(
     progress: Callable[[dict], None] | None = None,
     tools: list[dict] | None = None,
     sft: SFTSettings | None = None,
+    judge: Judge | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter on chat examples (loss on assistant tokens only) and save it to ``out_dir``.
 
     With ``init_adapter`` training continues from that adapter and its own rank, alpha and targets (the LoRA fields
     of ``settings`` are ignored). ``tools`` is the native tool list for the chat template (see ``native_tools``);
-    ``sft`` holds SFT's own settings (defaults if None).
+    ``sft`` holds SFT's own settings (defaults if None); ``judge`` scores an adapter folder on dev, which
+    ``settings.epoch_grid`` needs to choose the training length.
     """
     own = sft or SFTSettings()
 
@@ -46,7 +48,7 @@ def train_sft(
         )
         return trainer, len(dataset)
 
-    return fit(model_name, out_dir, settings, init_adapter, build)
+    return fit(model_name, out_dir, settings, init_adapter, build, judge)
 
 
 def _config(settings: TrainSettings, output_dir: str, cuda: bool) -> Any:

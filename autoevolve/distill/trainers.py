@@ -6,7 +6,9 @@
 
 Every trainer continues from the live adapter A_r when there is one (unless ``distill.init`` is ``base``), trains on
 the round's selection and the replayed ones that trained A_r's lineage (a task in several: its newest win), and
-returns a ``TrainResult``. SFT with ``distill.rehearse`` also trains on A_r's own wins on tasks it already solves.
+returns a ``TrainResult``. SFT with ``distill.rehearse`` also trains on A_r's own wins on tasks it already solves, and
+with a labelled budget on the labelled references, one per task. With ``distill.epoch_grid`` the job's judge scores
+the adapter on dev after each epoch of the grid and the best epoch is kept.
 Each reads the settings every trainer shares and its own section of them (``distill.sft``, ``.dpo``, ``.grpo``).
 """
 
@@ -19,11 +21,11 @@ from typing import Protocol
 from autoevolve.config import DistillSettings
 from autoevolve.distill.dataset import native_tools, render_examples
 from autoevolve.distill.dpo import preference_examples, train_dpo
-from autoevolve.distill.fit import TrainResult
+from autoevolve.distill.fit import Judge, TrainResult
 from autoevolve.distill.grpo import train_grpo
 from autoevolve.distill.sft import train_sft
 from autoevolve.hcp import HCPConfig
-from autoevolve.records import Selection, Task, Trajectory
+from autoevolve.records import Message, Selection, Task, Trajectory
 from autoevolve.selection import preference_pairs, selected_trajectories
 from autoevolve.workbench import Workbench
 
@@ -40,6 +42,8 @@ class DistillJob:
     init_adapter: str | None = None  # A_r's folder; None: a fresh LoRA
     replay: list[Selection] = field(default_factory=list)  # earlier rounds' selections, newest first
     rehearsal: list[Trajectory] = field(default_factory=list)  # A_r's own wins on tasks it already solves
+    references: dict[str, list[Message]] = field(default_factory=dict)  # task id -> its labelled solution
+    judge: Judge | None = None  # (adapter folder, epoch) -> dev score; needed by distill.epoch_grid
 
     def tasks(self) -> dict[str, Task]:
         """The environment's train tasks by id (every selection item is one of them)."""
@@ -62,14 +66,24 @@ class Trainer(Protocol):
 
 
 def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
-    """LoRA SFT on the kept rollouts."""
+    """LoRA SFT on the kept rollouts and the labelled references (a labelled task: its reference alone)."""
     kept = [t for sel in job.selections() for t in selected_trajectories(job.bench, sel)]
     held = {t.task_id for t in kept}
     kept += [t for t in job.rehearsal if t.task_id not in held]
-    examples = render_examples(kept, job.tasks(), job.original)
+    kept = [t for t in kept if t.task_id not in job.references]
+    tasks = job.tasks()
+    examples = render_examples(kept, tasks, job.original)
+    examples += [job.original.render(tasks[i], refs)[0] for i, refs in sorted(job.references.items())]
     tools = native_tools(job.original)
     return train_sft(
-        examples, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, tools=tools, sft=settings.sft
+        examples,
+        job.model_name,
+        job.out_dir,
+        settings,
+        init_adapter=job.init_adapter,
+        tools=tools,
+        sft=settings.sft,
+        judge=job.judge,
     )
 
 
@@ -77,7 +91,8 @@ def dpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA DPO on (kept rollout, the original's failed rollout) pairs."""
     pairs = [p for sel in job.selections() for p in preference_pairs(job.bench, sel)]
     rows = preference_examples(pairs, job.tasks(), job.original)
-    return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=job.init_adapter, dpo=settings.dpo)
+    init, judge = job.init_adapter, job.judge
+    return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=init, dpo=settings.dpo, judge=judge)
 
 
 def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
@@ -86,7 +101,9 @@ def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     won = dict.fromkeys(item.task_id for sel in job.selections() for item in sel.items)
     tasks = [by_id[task_id] for task_id in won]
     env, init = job.bench.env, job.init_adapter
-    return train_grpo(tasks, env, job.original, job.model_name, job.out_dir, settings, init, grpo=settings.grpo)
+    return train_grpo(
+        tasks, env, job.original, job.model_name, job.out_dir, settings, init, grpo=settings.grpo, judge=job.judge
+    )
 
 
 TRAINERS: dict[str, Trainer] = {"sft": sft, "dpo": dpo, "grpo": grpo}

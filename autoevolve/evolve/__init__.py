@@ -98,13 +98,16 @@ def evolve(
     mutators: list[Mutator],
     adapter: str = "",
     carried: Sequence[HCPConfig] = (),
+    labelled: list[Task] | None = None,
+    labelled_demos: HCPConfig | None = None,
 ) -> EvolveResult:
     """Search configs from the original; children tried on ``train`` minibatches, pool members scored on ``dev``.
 
-    ``carried`` configs (what earlier rounds found) join the pool at the start, scored on dev under this round's
-    adapter, so a later round searches on from them instead of from the original alone.
+    ``carried`` configs (what earlier rounds found) and ``labelled_demos`` (the labelled references as demos) join
+    the pool at the start, scored on dev under this round's adapter, so the search goes on from them instead of from
+    the original alone. ``labelled``: the only tasks whose references may be shown (None: any train task's).
     """
-    search = _Search(bench, settings, adapter, dev)
+    search = _Search(bench, settings, adapter, dev, labelled)
     limit = settings.budget.rollouts
     if limit is not None and search.budget.cost(original.id, dev) > limit:
         raise ValueError(
@@ -112,8 +115,10 @@ def evolve(
             f"x {settings.samples} samples; raise it or lower evolve.dev_tasks"
         )
     search.seed(original)
+    if labelled_demos is not None:
+        search.carry(labelled_demos, original, "labels", "the labelled references as demos")
     for config in carried:
-        search.carry(config, original)
+        search.carry(config, original, "carried", "carried over from an earlier round")
     rng = random.Random(bench.seed + 1000 * bench.round)  # a later round searches afresh, round 0 as seeded
     stop = search.run(mutators, train, rng)
     best = max(search.pool, key=lambda c: c.mean_reward)  # the first of equals: the seed wins ties
@@ -122,15 +127,23 @@ def evolve(
     )
 
 
+STARTS = ("carried", "labels")  # pool members the search starts from, never discarded
+
+
 class _Search:
     """The search's state: the pool (kept candidates), the ledger (every attempt), configs, lineage, budget."""
 
-    def __init__(self, bench: Workbench, settings: EvolveSettings, adapter: str, dev: list[Task]) -> None:
+    def __init__(
+        self, bench: Workbench, settings: EvolveSettings, adapter: str, dev: list[Task], labelled: list[Task] | None
+    ) -> None:
         self.bench, self.settings, self.adapter, self.dev = bench, settings, adapter, dev
         self.budget = Budget(settings.budget, settings.samples)
         reference = bench.env.reference if settings.references else unlabelled
+        shown = None if labelled is None else {t.id: t for t in labelled}
+        if shown is not None:  # nothing outside the labelled set is ever read
+            reference = _only(shown, reference)
         self.evidence = Evidence(
-            trajectories=[], tasks={}, reference=reference, count_tokens=_token_counter(bench.policy)
+            trajectories=[], tasks={}, reference=reference, labelled=shown, count_tokens=_token_counter(bench.policy)
         )
         self.configs: dict[str, HCPConfig] = {}
         self.pool: list[Candidate] = []
@@ -143,8 +156,8 @@ class _Search:
         self.configs[original.id] = original
         self._keep(Candidate(run_id=self.bench.run_id, round=self.bench.round, hcp_id=original.id, status="keep"))
 
-    def carry(self, config: HCPConfig, original: HCPConfig) -> None:
-        """Score an earlier round's config on dev: a pool member from the start, as a child of the original."""
+    def carry(self, config: HCPConfig, original: HCPConfig, mutator: str, note: str) -> None:
+        """Score a config on dev: a pool member from the start, as a child of the original."""
         if config.id in self.configs:
             return
         self.configs[config.id] = config
@@ -154,11 +167,11 @@ class _Search:
             round=self.bench.round,
             hcp_id=config.id,
             parents=[original.id],
-            mutator="carried",
+            mutator=mutator,
             status="keep",
             components=[c for c in COMPONENTS if getattr(config, c) != getattr(original, c)],
             diff=diff(original, config),
-            note="carried over from an earlier round",
+            note=note,
         )
         self._keep(row)
 
@@ -267,7 +280,7 @@ class _Search:
         self.budget.charge(trajs)
         scores, spreads = _per_task(trajs)
         failed = sum(t.error.startswith(ENDPOINT_ERROR) for t in trajs)
-        if failed and row.parents and row.mutator != "carried":  # a child is not ranked by rollouts that never ran
+        if failed and row.parents and row.mutator not in STARTS:  # a child is not ranked by rollouts that never ran
             note = f"{failed} dev rollouts failed at the policy endpoint: not ranked"
             return self._record(row.model_copy(update={"status": "discard", "scores": scores, "note": note}))
         row = row.model_copy(
@@ -292,6 +305,11 @@ class _Search:
                 self._evidence_keys.add((t.hcp_id, t.task_id, t.sample))
                 self.evidence.trajectories.append(t)
         return trajs
+
+
+def _only(tasks: dict[str, Task], reference: Any) -> Any:
+    """A reference lookup that answers for the given tasks alone."""
+    return lambda task: reference(task) if task.id in tasks else None
 
 
 def _wins_a_task(child: dict[str, float], parents: Iterable[dict[str, float]]) -> bool:

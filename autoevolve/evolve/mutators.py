@@ -51,9 +51,10 @@ class DemoBootstrap:
                 share = self.pool // len(tiers) + (i < self.pool % len(tiers))
                 tier_tasks = {k: t for k, t in evidence.tasks.items() if t.tier == tier}
                 mine = [d for d in own if d.task_id in tier_tasks]
-                chosen += self._draw(mine, tier_tasks, evidence, share, rng)
+                labelled = {k: t for k, t in _labelled(evidence).items() if t.tier == tier}
+                chosen += self._draw(mine, labelled, evidence, share, rng)
         else:
-            chosen = self._draw(own, evidence.tasks, evidence, self.pool, rng)
+            chosen = self._draw(own, _labelled(evidence), evidence, self.pool, rng)
         if not chosen:
             raise ValueError("no successful train rollouts and no labelled solutions to take demos from")
         chosen.sort(key=lambda d: d.task_id)  # the order is fixed by content, not by draw order
@@ -65,7 +66,7 @@ class DemoBootstrap:
 
     @staticmethod
     def _draw(own: list[Demo], tasks: dict[str, Task], evidence: Evidence, n: int, rng: random.Random) -> list[Demo]:
-        """Up to n demos: the model's own successes first, topped up with labelled solutions of other tasks."""
+        """Up to n demos: the model's own successes first, topped up with the labelled solutions of ``tasks``."""
         chosen = rng.sample(own, min(n, len(own)))
         taken = {d.task_id for d in chosen}
         spare = [t for t in tasks.values() if t.id not in taken]
@@ -92,6 +93,11 @@ class DemoBootstrap:
                     f"one demo already makes a {tokens:.0f}-token prompt (budget {self.max_prompt_tokens})"
                 )
             child = child.model_copy(update={"demos": child.demos.model_copy(update={"k": child.demos.k - 1})})
+
+
+def _labelled(evidence: Evidence) -> dict[str, Task]:
+    """The tasks whose references may top up a demo set: the labelled set, or (without one) the train tasks."""
+    return evidence.tasks if evidence.labelled is None else evidence.labelled
 
 
 def _successes(trajs: list[Trajectory]) -> list[Demo]:

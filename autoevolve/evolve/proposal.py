@@ -40,6 +40,7 @@ class Evidence:
     trajectories: list[Trajectory]
     tasks: dict[str, Task]
     reference: Callable[[Task], list[Message] | None] = field(default=unlabelled)
+    labelled: dict[str, Task] | None = None  # the tasks whose references may be shown; None: any of ``tasks``
     minibatch: list[Trajectory] = field(default_factory=list)
     count_tokens: TokenCounter = approx_tokens
 

@@ -71,3 +71,7 @@ class Policy(Protocol):
     def add_adapter(self, name: str, path: str) -> None:
         """Make an adapter folder (PEFT format) available under a name."""
         ...
+
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving an adapter added under a name (one not added: nothing to do)."""
+        ...

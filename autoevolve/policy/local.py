@@ -51,6 +51,18 @@ class LocalPolicy:
         self.lm.eval()
         self.adapters[name] = path
 
+    def remove_adapter(self, name: str) -> None:
+        """Unload a named adapter and what the decoder keeps of it."""
+        if name not in self.adapters:
+            return
+        del self.adapters[name]
+        if self.decoder is not None:
+            self.decoder.forget(name)
+        if self.adapters:
+            self.lm.delete_adapter(name)
+        else:  # PEFT keeps at least one adapter: serve the bare base again
+            self.lm = self.base = self.lm.unload()
+
     def prompt_tokens(self, request: ChatRequest) -> int:
         """Tokens of a request's prompt under the chat template."""
         return len(self._encode_text(request))

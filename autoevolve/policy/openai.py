@@ -102,6 +102,25 @@ class OpenAIPolicy:
                 "with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and make the folder visible to it)"
             )
 
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving an adapter: with ``load_adapters``, unload it from the server (vLLM's
+        /v1/unload_lora_adapter; a name the server does not hold is fine); without, only forget it here."""
+        if self.adapters.pop(name, None) is None or not self.load_adapters:
+            return
+        import httpx
+
+        url = f"{self.base_url.rstrip('/')}/unload_lora_adapter"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        try:
+            answer = httpx.post(url, json={"lora_name": name}, headers=headers, timeout=60)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(
+                self._redact(f"could not unload adapter {name!r} at {url}: {type(exc).__name__}: {exc}")
+            ) from None
+        if answer.status_code != 200 and "cannot be found" not in answer.text:  # vLLM: 404, or 400 before 0.8
+            body = " ".join(self._redact(answer.text).split())[:200]
+            raise RuntimeError(f"could not unload adapter {name!r} at {url}: HTTP {answer.status_code} {body}")
+
     def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
         """Complete every request; failures come back as completions with an error."""
         if self._loop is None:
