@@ -12,6 +12,8 @@ evaluations to the store (``_record``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autoevolve.hcp import HCPConfig
 from autoevolve.records import Cell, EvalReport, Guard, Task
 from autoevolve.stats import ALPHA, bootstrap_ci, mean, sign_flip_p
@@ -121,6 +123,21 @@ def gate(
             promote = False
             reason += f": tier {worse[0]} dropped beyond it"
     return _record(bench, report.model_copy(update={"decision": "promote" if promote else "reject", "reason": reason}))
+
+
+def length_judge(bench: Workbench, original: HCPConfig, tasks: list[Task], ref: str) -> Callable[[str, int], float]:
+    """What chooses a training length on dev (``distill.epoch_grid``): an epoch's adapter folder scored under the
+    original config on the tasks, its rollouts stored under '<ref>-epoch<N>'."""
+
+    def judge(path: str, epoch: int) -> float:
+        name = f"{ref}-epoch{epoch}"  # PEFT names take no '.'
+        bench.policy.add_adapter(name, path)
+        try:
+            return mean([t.reward for t in bench.rollouts(original, tasks, adapter=name, stage="distill")])
+        finally:
+            bench.policy.remove_adapter(name)
+
+    return judge
 
 
 def gate_decision(gain: float, p_value: float | None, min_gain: float = 0.0, alpha: float = ALPHA) -> bool:

@@ -27,7 +27,7 @@ from autoevolve.config import ConfigError, RunConfig, changed_settings
 from autoevolve.distill import TrainResult
 from autoevolve.distill.fit import Judge
 from autoevolve.distill.trainers import TRAINERS, DistillJob
-from autoevolve.evaluate import decline, gate, guard_check, held_out, with_guard
+from autoevolve.evaluate import decline, gate, guard_check, held_out, length_judge, with_guard
 from autoevolve.evolve import EvolveResult, evolve, make_mutators
 from autoevolve.hcp import Demo, Demos, HCPConfig
 from autoevolve.model import base_model_id
@@ -308,13 +308,14 @@ def stage_evolve(r: Round) -> EvolveResult:
 
 
 def labelled_demos(r: Round, tiers: list[int]) -> HCPConfig | None:
-    """The original config showing the labelled references of the tiers in play as demos (the search's first
-    child); None without a labelled budget, or with fewer than two labels."""
+    """The original config showing the labelled references of the tiers in play as demos, the fewest of
+    ``evolve.demo_k`` per task in the first of ``evolve.demo_styles`` (the search's first child); None without a
+    labelled budget, or with fewer than two labels."""
     e = r.config.evolve
     refs = labels.references(r.bench.env, [t for t in r.labelled or [] if t.tier in tiers])
     if len(refs) < 2:
         return None
-    return labels.demos_config(r.original, refs, max(e.demo_k), e.demo_styles[0])
+    return labels.demos_config(r.original, refs, min(e.demo_k), e.demo_styles[0])
 
 
 def make_reflector(r: Round) -> Policy:
@@ -452,20 +453,11 @@ def stage_distill(r: Round) -> Distilled:
     return Distilled(record, trained)
 
 
-def dev_judge(r: Round, ref: str) -> Judge:
-    """Scores an adapter folder under the original config on the last ``distill.dev_tasks`` dev tasks of the tiers
-    in play (the epoch's rollouts are stored under '<ref>-epoch<N>'), for choosing the training length."""
-    tasks = curriculum.in_play(r.bench.env.tasks("dev"), task_plan(r).tiers)[-r.config.distill.dev_tasks :]
-
-    def judge(path: str, epoch: int) -> float:
-        name = f"{ref}-epoch{epoch}"
-        r.bench.policy.add_adapter(name, path)
-        try:
-            return mean([t.reward for t in r.bench.rollouts(r.original, tasks, adapter=name, stage="distill")])
-        finally:
-            r.bench.policy.remove_adapter(name)
-
-    return judge
+def dev_judge(r: Round, ref: str, tiers: list[int] | None = None) -> Judge:
+    """Scores an adapter folder for choosing the training length: the last ``distill.dev_tasks`` dev tasks of the
+    tiers in play (or of ``tiers``), under the original config."""
+    dev = curriculum.in_play(r.bench.env.tasks("dev"), tiers or task_plan(r).tiers)
+    return length_judge(r.bench, r.original, dev[-r.config.distill.dev_tasks :], ref)
 
 
 def rehearsed(r: Round) -> list[Trajectory]:

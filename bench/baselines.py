@@ -166,26 +166,15 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
     return arm_row, facts
 
 
-def judge(policy: Any, config: Any, arm: str) -> Any:
-    """Scores an adapter folder on the last ``distill.dev_tasks`` dev tasks under the original config (the rule of
-    the loop's stage 3), its rollouts stored in the arm's store."""
-    from autoevolve.stats import mean
-    from autoevolve.store import Store
+def judge(policy: Any, config: Any, arm: str, store: Any) -> Any:
+    """The loop's rule for choosing a training length: the last ``distill.dev_tasks`` dev tasks under the original
+    config, the rollouts stored in the arm's store."""
+    from autoevolve.evaluate import length_judge
     from autoevolve.workbench import Workbench
 
+    bench = Workbench(policy, config.env.make(), store, str(config.run_id), seed=config.seed)
     tasks = config.env.make().tasks("dev")[-config.distill.dev_tasks :]
-
-    def scored(path: str, epoch: int) -> float:
-        name = f"{arm}-epoch{epoch}"
-        policy.add_adapter(name, path)
-        try:
-            with Store(config.store) as store:
-                bench = Workbench(policy, config.env.make(), store, str(config.run_id), seed=config.seed)
-                return mean([t.reward for t in bench.rollouts(config.original_hcp(), tasks, name, stage="distill")])
-        finally:
-            policy.remove_adapter(name)
-
-    return scored
+    return length_judge(bench, config.original_hcp(), tasks, arm)
 
 
 def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps: int) -> Any:
@@ -194,6 +183,7 @@ def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps:
     from autoevolve.distill import TrainResult
     from autoevolve.distill.dataset import native_tools
     from autoevolve.distill.sft import train_sft
+    from autoevolve.store import Store
 
     out = Path(config.run_dir) / "adapter"
     done = out / "train_result.json"
@@ -201,7 +191,9 @@ def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps:
         return TrainResult.model_validate_json(done.read_text())
     d, tools = config.distill, native_tools(config.original_hcp())
     if d.epoch_grid:
-        result = train_sft(examples, config.model.name, out, d, tools=tools, judge=judge(policy, config, arm))
+        with Store(config.store) as store:
+            scored = judge(policy, config, arm, store)
+            result = train_sft(examples, config.model.name, out, d, tools=tools, judge=scored)
     else:
         per_epoch = math.ceil(len(examples) / (d.batch_size * d.grad_accum))
         epochs = (steps - 0.5) / per_epoch if steps else d.epochs  # the Trainer takes ceil(epochs x per_epoch) steps
@@ -330,7 +322,7 @@ def icl_distill(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
     if len(refs) < 2:
         return Arm("icl_distill", len(refs), 0, 0, 0, 0.0, score(policy, arm_config(config, "icl_distill")),
                    "fewer than two references: the base")  # fmt: skip
-    shown = labels.demos_config(config.original_hcp(), refs, max(e.demo_k), e.demo_styles[0])
+    shown = labels.demos_config(config.original_hcp(), refs, min(e.demo_k), e.demo_styles[0])
     return distilled_arm(policy, config, "icl_distill", facts, shown)
 
 
