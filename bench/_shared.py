@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def commit() -> str:
-    """The checkout's commit id, with '+dirty' when files differ from it ('unknown' outside git)."""
+    """The checkout's commit id, with '+dirty.<hash of the diff>' when files differ from it ('unknown' outside
+    git)."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(  # a bench's own results (bench/results/) do not make the code it ran dirty
@@ -25,7 +26,10 @@ def commit() -> str:
         )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    if not dirty.stdout.strip():
+        return head.stdout.strip()
+    changes = subprocess.run(["git", "diff", "HEAD", "--", ".", ":!bench/results"], cwd=ROOT, capture_output=True)
+    return f"{head.stdout.strip()}+dirty.{hashlib.sha256(changes.stdout).hexdigest()[:8]}"  # which uncommitted diff
 
 
 CODE = ("autoevolve", "bench", "prompts", "configs", "pyproject.toml", "constraints.txt")  # what makes a result
@@ -46,6 +50,8 @@ def code_id() -> str:
 def fresh_home(path: Path) -> Path:
     """A bench's folder of stored rollouts and adapters, emptied first if other code made them: stored work is
     reused only when the code that made it is unchanged (``code_id``)."""
+    if ROOT / "trajectories" not in path.resolve().parents:
+        raise ValueError(f"{path}: a bench's stored work lives under {ROOT / 'trajectories'}")
     marker = path / "code_id"
     if path.exists() and (not marker.exists() or marker.read_text().strip() != code_id()):
         shutil.rmtree(path)

@@ -142,7 +142,13 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         results = [json.loads((Path(a.path) / "train_result.json").read_text()) for a in trained]
         plans = [TaskPlan.model_validate(store.stage_result(run_id, r, "plan")[0]) for r in range(cfg.rounds)]
         n = max(cfg.evolve.train_tasks, cfg.select.train_tasks)
+        kept = [
+            t for a in trained if a.selection_id for sel in [store.selection(a.selection_id)] for i in sel.items
+            for t in store.trajectories(run_id, hcp_id=i.hcp_id, adapter=i.adapter, task_ids=[i.task_id])
+            if t.sample == i.sample
+        ]  # fmt: skip
         facts = {
+            "shortcuts": f"{shortcuts(kept, env)} of {len(kept)} kept wins skip a call their reference makes",
             "train_tasks": sorted({i for p in plans for i in p.train[:n]}),
             "references": labelled_ids(cfg) if cfg.labels is not None else references_shown(store, run_id, env),
             "rollouts": sum(len(store.trajectories(run_id, stage=s)) for s in DATA_STAGES),
@@ -151,6 +157,7 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         }
     rewards = score(policy, cfg, served.ref, served.path) if served else score(policy, cfg)
     note = f"serves {served.ref if served else 'the base model'}; {len(trained)} adapter(s) trained"
+    note += f"; {facts['shortcuts']}"
     arm_row = Arm(
         name=arm,
         labels=len(facts["references"]),
@@ -164,6 +171,17 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         epochs=results[-1].get("epochs") if results else None,
     )
     return arm_row, facts
+
+
+def shortcuts(wins: list[Any], env: Any) -> int:
+    """How many full-reward wins skip a tool the task's reference calls (a booking made without the search whose
+    result it depends on): wins the scorer passes that would teach a shortcut."""
+    by_id = {t.id: t for t in env.tasks("train")}
+
+    def called(messages: list[Any]) -> set[str]:
+        return {c.name for m in messages for c in m.tool_calls}
+
+    return sum(not called(env.reference(by_id[w.task_id]) or []) <= called(w.messages) for w in wins)
 
 
 def judge(policy: Any, config: Any, arm: str, store: Any) -> Any:
@@ -298,7 +316,8 @@ def distilled_arm(policy: Any, config: Any, arm: str, facts: dict[str, Any], hcp
     wins, made, note = harvest(policy, cfg, hcp, adapter, tasks, facts["rollouts"])
     by_id = {t.id: t for t in cfg.env.make().tasks("train")}
     examples = render_examples(wins, by_id, cfg.original_hcp()) + examples_of(cfg, refs)
-    return trained_arm(policy, cfg, arm, examples, facts, len(refs), made, f"{note}; + {len(refs)} references")
+    note += f" ({shortcuts(wins, cfg.env.make())} skip a call their reference makes); + {len(refs)} references"
+    return trained_arm(policy, cfg, arm, examples, facts, len(refs), made, note)
 
 
 def sft_then_rft(policy: Any, config: Any, facts: dict[str, Any], first: Arm) -> Arm:

@@ -27,7 +27,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from _shared import paired_gain, write_json  # noqa: E402
+from _shared import code_id, paired_gain, write_json  # noqa: E402
 
 from autoevolve.records import renamed_cells  # noqa: E402
 from autoevolve.twobytwo import CELLS, SHORT_LABELS, score  # noqa: E402
@@ -209,6 +209,7 @@ def run(config_path: Path) -> tuple[Path, float]:
     started = time.perf_counter()
     loop_flow(config)
     minutes = (time.perf_counter() - started) / 60
+    (run_dir / "code_id").write_text(code_id() + "\n")  # what --table reads back: the code that made the run
     print(f"{config.rounds} rounds in {minutes:.1f} min")
     return run_dir, minutes
 
@@ -232,7 +233,11 @@ def main() -> None:
     verdicts = checks(rows, served, scores, minutes)
     print("\n".join(lines + [""] + verdicts))
     gains = [None if p is None else dict(zip(("gain", "ci"), paired_gain(p[1], p[0]), strict=True)) for p in served]
+    made_by = (run_dir / "code_id").read_text().strip() if (run_dir / "code_id").exists() else "unknown"
+    if made_by != code_id():
+        print(f"the run was made by code {made_by}, and this table is read by code {code_id()}")
     body = {"config": str(args.config), "rounds": rows, "served_gain": gains, "tiers": scores, "checks": verdicts}
+    body["run_code"] = made_by  # the code that made the rounds (the JSON's own 'code' read them)
     body["minutes"] = None if minutes is None else round(minutes, 1)
     if args.note:
         body["note"] = args.note

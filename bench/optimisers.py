@@ -40,7 +40,7 @@ from typing import Any
 from _dspy_life import run_dspy
 from _gepa_life import run_gepa
 from _search_harness import DEMO_POOL, Metered
-from _shared import ROOT, paired_gain, write_json
+from _shared import ROOT, code_id, fresh_home, paired_gain, write_json
 
 from autoevolve.envs.life import LifeEnv
 from autoevolve.evolve import evolve, make_mutators, train_tasks
@@ -77,6 +77,7 @@ class Row:
     best_id: str
     changed: list[str]  # components of the best config that differ from the original
     test_rewards: list[float]
+    code: str = "unknown"  # the code id that made the row (_shared.code_id); rows of other code are not reused
 
 
 def run_ours(
@@ -150,7 +151,7 @@ def compare(args: argparse.Namespace) -> list[Row]:
                 changed = [k for k, v in best.model_dump().items() if v != before[k]]
                 rows.append(
                     Row(seed, system, dev_score(store, run_id, best, dev), mean(rewards), bootstrap_ci(rewards), spent,
-                        seconds, best.id, changed, rewards)
+                        seconds, best.id, changed, rewards, code_id())
                 )  # fmt: skip
                 print(table_line(rows[-1]), flush=True)
                 save(args, rows, complete=False)  # a stopped run keeps every row it finished
@@ -161,14 +162,15 @@ SAME = ("budget", "patience", "train", "dev", "test", "minibatch", "reflect_toke
 
 
 def finished_rows(args: argparse.Namespace) -> list[Row]:
-    """Rows the JSON at ``args.out`` already holds for these flags (a stopped run goes on where it stopped)."""
+    """Rows the JSON at ``args.out`` already holds for these flags, made by today's code (a stopped run goes on
+    where it stopped; a row of other code is measured again)."""
     if not args.out.exists():
         return []
     last = json.loads(args.out.read_text())
     if any(last["args"].get(k) != str(getattr(args, k)) for k in SAME):
         return []
     rows = [Row(**{**r, "test_ci": tuple(r["test_ci"])}) for r in last["rows"]]
-    return [r for r in rows if r.seed in args.seeds and r.system in args.systems]
+    return [r for r in rows if r.seed in args.seeds and r.system in args.systems and r.code == code_id()]
 
 
 def table_line(r: Row) -> str:
@@ -223,9 +225,10 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=48, help="Test tasks the best configs are scored on.")
     parser.add_argument("--minibatch", type=int, default=4, help="Train tasks per proposal (ours, GEPA).")
     parser.add_argument("--reflect-tokens", type=int, default=256, help="Max new tokens of an optimiser reply.")
-    parser.add_argument("--store", type=Path, default=Path("/tmp/optimisers.duckdb"), help="Re-runs reuse it.")
+
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/optimisers.json")
     args = parser.parse_args()
+    args.store = fresh_home(ROOT / "trajectories" / "optimisers") / "store.duckdb"  # reused while the code is unchanged
     logging.getLogger("dspy").setLevel(logging.WARNING)
     print("| seed | system | best dev | test [95% CI] | rollouts | wall s | changed components |")
     print("| ---: | --- | ---: | --- | ---: | ---: | --- |")

@@ -409,3 +409,18 @@ def test_an_openai_policy_loads_the_adapters_a_round_uses_into_vllm(servers) -> 
         policy.add_adapter("L1-life@v3", "/adapters/L1-life-v3")
     OpenAIPolicy(BASE, f"{server.url}/v1").add_adapter("L1-life@v4", "/x")  # load_adapters off: nothing sent
     assert len(server.calls()) == 3 and "L1-life@v3" not in server.loaded
+
+
+def test_an_openai_policy_unloads_what_it_loaded_and_a_missing_name_is_fine(servers) -> None:
+    from autoevolve.policy.openai import OpenAIPolicy
+
+    server = servers()
+    policy = OpenAIPolicy(BASE, f"{server.url}/v1", load_adapters=True)
+    policy.add_adapter("L1-life@v2-epoch1", "/adapters/e1")
+    policy.remove_adapter("L1-life@v2-epoch1")
+    assert server.loaded == {} and "L1-life@v2-epoch1" not in policy.adapters
+    policy.remove_adapter("L1-life@v2-epoch1")  # not added any more: nothing sent
+    policy.add_adapter("gone", "/adapters/gone")
+    server.loaded.clear()  # the server lost it (a restart): vLLM's 404 'cannot be found' is not an error
+    policy.remove_adapter("gone")
+    assert [c[1] for c in server.calls()] == ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"] * 2

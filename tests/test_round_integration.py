@@ -27,11 +27,13 @@ hcp: {root}/prompts/life.yaml
 store: {tmp}/store.duckdb
 run_dir: {tmp}/runs
 env: {{tiers: [1], n_train: 96, n_dev: 16, n_test: 16}}
+labels: {{budget: 8}}
 evolve: {{train_tasks: 12, candidates: 1, mutators: [demos], demo_pool: 12}}
-select: {{train_tasks: 24}}
-distill: {{epochs: 2, batch_size: 4}}
+select: {{train_tasks: 48}}
+distill: {{epoch_grid: [1, 2], dev_tasks: 8, batch_size: 4}}
 gate: {{dev_tasks: 8, test_tasks: 8, guard: {{env: {{tiers: [2], n_train: 8, n_dev: 4, n_test: 4}}, tasks: 4}}}}
 """
+LEARNED = 0.5  # the new adapter's lead over the bare base on the 8 test tasks (the base solves none of them)
 
 
 def _small(tmp_path: Path) -> Path:
@@ -93,6 +95,19 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
         "report",
     }
     assert on_disk["gate"]["guard"]["n"] == 4 and "; guard (life tiers 2, 4 tasks): " in adapter.reason
+
+
+@pytest.mark.integration
+def test_the_round_learned_from_the_labels_and_the_harvest(round_run) -> None:
+    config, report, _ = round_run
+    assert report["labels"]["budget"] == 8 and report["promoted"]
+    with Store(config.store, read_only=True) as store:
+        selection = store.selection(store.adapters("L1-life")[0].selection_id)
+    assert not {i.task_id for i in selection.items} & set(report["labels"]["tasks"])  # wins on unlabelled tasks
+    assert report["train"]["examples"] == report["selected"] + 8  # the wins and the 8 references
+    assert set(report["train"]["dev_by_epoch"]) <= {"1", "2"} and report["train"]["epochs"] in (1.0, 2.0)
+    gain = report["eval"]["new_original"] - report["eval"]["live_original"]
+    assert gain >= LEARNED, f"the round did not learn: new adapter {gain:+.3f} over the base on test"
 
 
 @pytest.mark.integration

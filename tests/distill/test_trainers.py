@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+import torch
 
 from autoevolve.config import DistillSettings
 from autoevolve.distill.settings import GRPOSettings
@@ -177,3 +178,57 @@ def test_rehearsal_adds_the_live_adapters_own_wins_on_tasks_it_already_solves(
         job = DistillJob(bench, selection, original, tiny, tmp_path / "b", rehearsal=rehearsal)
         both = TRAINERS["sft"](job, SETTINGS["sft"])
     assert (alone.examples, both.examples) == (1, 2)  # t0 rehearsed; t1 trains once, from its selected win
+
+
+def test_sft_trains_on_the_labelled_references_beside_the_wins_and_a_labelled_task_on_its_reference_alone(
+    tiny: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    env = LifeEnv(tiers=(1,))
+    t0, t1, t2 = env.tasks("train")[:3]
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    wins = [
+        Trajectory(run_id="r", task_id=t.id, split="train", hcp_id="e", messages=env.reference(t), reward=1.0)
+        for t in (t0, t1)
+    ]
+    won = {"hcp_id": "e", "adapter": "", "sample": 0, "reward": 1.0}
+    lost = {"baseline_hcp_id": original.id, "baseline_sample": 0, "baseline_reward": 0.0}
+    items = [SelectedTrajectory(task_id=t.id, **won, **lost) for t in (t0, t1)]
+    selection = Selection(
+        id="s", run_id="r", round=0, baseline_hcp_id=original.id, evolved_hcp_id="e", adapter="", items=items
+    )
+    refs = {t.id: env.reference(t) for t in (t1, t2)}  # t1 is labelled and won: its reference trains, once
+    with Store(tmp_path / "s.duckdb") as store:
+        store.put_trajectories(wins)
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
+        result = TRAINERS["sft"](
+            DistillJob(bench, selection, original, tiny, tmp_path / "v1", references=refs), SETTINGS["sft"]
+        )
+    assert result.examples == 3  # t0's win, t1's and t2's references
+
+
+def test_the_training_length_is_chosen_on_dev_and_the_best_epochs_adapter_is_kept(
+    tiny: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from autoevolve.distill import train_sft
+    from tests.distill.test_distill import FAST, _examples
+
+    seen: dict[int, dict] = {}
+    scores = {1: 0.25, 2: 0.5, 4: 0.5, 8: 0.75}
+
+    def judge(path: str, epoch: int) -> float:
+        seen[epoch] = _adapter(path)
+        return scores[epoch]
+
+    grid = FAST.model_copy(update={"epoch_grid": [1, 2, 4, 8], "batch_size": 2})
+    result = train_sft(_examples(4), tiny, tmp_path / "a", grid, judge=judge)
+    assert sorted(seen) == [1, 2, 4] and result.dev_by_epoch == {"1": 0.25, "2": 0.5, "4": 0.5}  # 4 ties 2: stop
+    assert result.epochs == 2.0 and result.steps == 8  # 4 epochs of 2 steps trained, epoch 2's adapter kept
+    kept = _adapter(result.path)
+    assert all(torch.equal(kept[k], seen[2][k]) for k in kept) and not (tmp_path / "a" / "epochs").exists()
+    assert any(not torch.equal(seen[2][k], seen[4][k]) for k in kept)
+    full = train_sft(_examples(4), tiny, tmp_path / "b", grid, judge=lambda path, epoch: 1.0)
+    assert (full.epochs, full.steps, full.dev_by_epoch) == (1.0, 2, {"1": 1.0})  # nothing beats a full score
+    with pytest.raises(ValueError, match="epoch_grid chooses the training length on dev: it needs a judge"):
+        train_sft(_examples(4), tiny, tmp_path / "c", grid)

@@ -64,3 +64,13 @@ def test_named_adapters_switch_and_none_is_the_base(tiny_model_dir, tmp_path) ->
     missing = policy.generate(requests[:1], "L9@v1")
     assert missing[0].error == "adapter 'L9@v1' is not loaded"
     assert isinstance(policy.base.model.layers[0].self_attn.q_proj.base_layer.weight, torch.Tensor)
+    policy.add_adapter("L1-life@v1-epoch1", str(tmp_path / "a"))
+    policy.remove_adapter("L1-life@v1")
+    assert policy.generate(requests[:1], "L1-life@v1")[0].error == "adapter 'L1-life@v1' is not loaded"
+    assert [c.text for c in policy.generate(requests, "L1-life@v1-epoch1")] == with_adapter
+    policy.remove_adapter("L1-life@v1-epoch1")  # the last one: the bare base serves again, with no LoRA layer
+    policy.remove_adapter("L1-life@v1-epoch1")  # not loaded: nothing to do
+    assert policy.lm is policy.base and [c.text for c in policy.generate(requests)] == base
+    assert isinstance(policy.base.model.layers[0].self_attn.q_proj, torch.nn.Linear) and not policy.adapters
+    policy.add_adapter("again", str(tmp_path / "a"))
+    assert [c.text for c in policy.generate(requests, "again")] == with_adapter
