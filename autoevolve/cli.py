@@ -134,8 +134,9 @@ def _read(args: argparse.Namespace) -> int:
 
     Exit 2 with one line when the store, the run or a config is unknown, or the store cannot be read.
     """
-    from autoevolve.inspection import format_inspect
-    from autoevolve.lineage import (
+    from autoevolve.store import Store, StoreError
+    from autoevolve.views.inspection import format_inspect
+    from autoevolve.views.lineage import (
         LineageError,
         config_diff,
         format_candidates,
@@ -143,7 +144,6 @@ def _read(args: argparse.Namespace) -> int:
         run_candidates,
         run_selections,
     )
-    from autoevolve.store import Store, StoreError
 
     if not Path(args.store).is_file():
         print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
@@ -198,7 +198,7 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
 
 def _registry(args: argparse.Namespace) -> int:
     """Run a registry action; exit 2 with one line for an unknown expert or version, a refused adapter, a busy store."""
-    from autoevolve import registry
+    from autoevolve.fleet import registry
     from autoevolve.store import Store, StoreError
 
     if args.action in ("list", "show") and not Path(args.store).is_file():
@@ -271,11 +271,11 @@ _SERVE_HELP = (
 
 def _serve(args: argparse.Namespace) -> int:
     """Load the registry's adapters and serve them until interrupted (imported here: only this command needs them)."""
-    from autoevolve.hcp import HCPConfig
+    from autoevolve.fleet.serving import open_fleet, recorder
+    from autoevolve.fleet.serving.app import run_server
+    from autoevolve.harness.hcp import HCPConfig
     from autoevolve.model import EMBEDDED, base_model_id
     from autoevolve.policy.local import LocalPolicy
-    from autoevolve.serving import open_fleet, recorder
-    from autoevolve.serving.app import run_server
     from autoevolve.store import Store, StoreError
 
     if not Path(args.store).is_file():
@@ -326,7 +326,7 @@ def _load_tasks(config: RunConfig) -> tuple[str, list[str]]:
 
 def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported lazily
     """The hooks of a run config's registry section (none without a config)."""
-    from autoevolve.registry import Publisher
+    from autoevolve.fleet.registry import Publisher
 
     return Publisher.from_settings(load_config(config_path).registry) if config_path else None
 
@@ -334,9 +334,9 @@ def _publisher(config_path: str | None):  # noqa: ANN202 - registry is imported 
 def _run(config: RunConfig) -> int:
     """Run the round flow (imported here: the library itself never imports Prefect; importing flows sets the
     offline environment)."""
+    from autoevolve.harness.workbench import EndpointDown
     from autoevolve.loop import check_run
     from autoevolve.store import Store, StoreError
-    from autoevolve.workbench import EndpointDown
     from autoevolve_flows.loop_flow import loop_flow
 
     try:  # a store this code cannot write, or a run recorded otherwise, stops here before any model loads
@@ -356,10 +356,10 @@ def _run(config: RunConfig) -> int:
 def _eval(config: RunConfig, args: argparse.Namespace) -> int:
     """Score one adapter/config pair (imported here: the model loads only for this command)."""
     from autoevolve.envs.loading import EnvLoadError
+    from autoevolve.harness.workbench import EndpointDown, Workbench
     from autoevolve.loop import make_policy
-    from autoevolve.scorecard import env_settings, evaluate_pair, format_eval, pick_adapter, pick_hcp, write_eval
     from autoevolve.store import Store, StoreError
-    from autoevolve.workbench import EndpointDown, Workbench
+    from autoevolve.views.scorecard import env_settings, evaluate_pair, format_eval, pick_adapter, pick_hcp, write_eval
 
     run_id = args.run_id or f"{config.run_id}-eval"
     try:

@@ -1,5 +1,5 @@
 """Run configs (YAML): which environment, model, backend, budgets and stage settings a run uses (the stage
-sections themselves are in ``autoevolve.stage_settings``).
+sections themselves are in ``autoevolve.stages.settings``).
 
 Every section forbids unknown keys, so a typo fails before any work with the field's dotted name.
 The HCP file is looked up as given, then beside the config, then in the folder above it; store and run_dir
@@ -21,10 +21,10 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from autoevolve.envs import Environment, build_env
 from autoevolve.envs.loading import EnvLoadError, factory_of, path_arguments
 from autoevolve.envs.taskfile import PACKAGE_FILE
-from autoevolve.hcp import HCPConfig
-from autoevolve.hooks import HookSettings
+from autoevolve.fleet.hooks import HookSettings
+from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import check_name
-from autoevolve.stage_settings import (
+from autoevolve.stages.settings import (
     CurriculumSettings,
     DistillSettings,
     EvolveSettings,

@@ -22,23 +22,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autoevolve import curriculum, labels, registry
 from autoevolve.config import ConfigError, RunConfig, changed_settings
-from autoevolve.distill import TrainResult
-from autoevolve.distill.fit import Judge
-from autoevolve.distill.trainers import TRAINERS, DistillJob
-from autoevolve.evaluate import decline, gate, guard_check, held_out, length_judge, with_guard
-from autoevolve.evolve import EvolveResult, evolve, make_mutators
-from autoevolve.hcp import Demo, Demos, HCPConfig
+from autoevolve.fleet import registry
+from autoevolve.harness.hcp import Demo, Demos, HCPConfig
+from autoevolve.harness.workbench import EndpointDown, Workbench
 from autoevolve.model import base_model_id
-from autoevolve.narration import say
 from autoevolve.policy import Policy
 from autoevolve.records import AdapterRecord, EvalReport, Selection, Task, TaskPlan, Trajectory
-from autoevolve.report import write_report
-from autoevolve.selection import select
+from autoevolve.stages import labels, plan
+from autoevolve.stages.distill import TrainResult
+from autoevolve.stages.distill.fit import Judge
+from autoevolve.stages.distill.trainers import TRAINERS, DistillJob
+from autoevolve.stages.evolve import EvolveResult, evolve, make_mutators
+from autoevolve.stages.gate import decline, gate, guard_check, held_out, length_judge, with_guard
+from autoevolve.stages.report import write_report
+from autoevolve.stages.select import select
 from autoevolve.stats import mean
 from autoevolve.store import Store, StoreBusy
-from autoevolve.workbench import EndpointDown, Workbench
+from autoevolve.views.narration import say
 
 
 @dataclass
@@ -270,11 +271,11 @@ def stage_plan(r: Round) -> TaskPlan:
     c, n = r.config.curriculum, max(r.config.evolve.train_tasks, r.config.select.train_tasks)
     exclude = frozenset(t.id for t in r.labelled or [])  # stages 1 and 2 work on unlabelled tasks
     if c is None:
-        task_plan = curriculum.fixed_plan(r.bench, n, r.config.seed, exclude)
+        task_plan = plan.fixed_plan(r.bench, n, r.config.seed, exclude)
     else:
         before = r.bench.store.stage_result(r.bench.run_id, r.bench.round - 1, "plan") if r.bench.round else None
         tiers = TaskPlan.model_validate(before[0]).tiers if before else None
-        task_plan = curriculum.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers, exclude)
+        task_plan = plan.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers, exclude)
     if c is not None or r.labelled is not None:
         labelled = f"; {len(r.labelled)} labelled train tasks apart" if r.labelled is not None else ""
         say(f"  plan: {task_plan.why}{labelled}")
@@ -288,13 +289,13 @@ def task_plan(r: Round) -> TaskPlan:
 
 def tasks_in_play(r: Round, split: str, n: int) -> list[Task]:
     """The first n dev or test tasks of the tiers in play this round."""
-    return curriculum.split_tasks(r.bench, split, task_plan(r).tiers, n)  # type: ignore[arg-type]
+    return plan.split_tasks(r.bench, split, task_plan(r).tiers, n)  # type: ignore[arg-type]
 
 
 def stage_evolve(r: Round) -> EvolveResult:
     """Stage 1: search HCP configs (train minibatches, dev scores) around the frozen adapter A_r."""
     e = r.config.evolve
-    tasks = curriculum.train_of(r.bench, task_plan(r), e.train_tasks)
+    tasks = plan.train_of(r.bench, task_plan(r), e.train_tasks)
     dev = tasks_in_play(r, "dev", e.dev_tasks)
     reflector = make_reflector(r) if "reflective" in e.mutators else None
     own = e.reflection.model == "policy"  # the policy reflects with the adapter it serves; another model with none
@@ -335,7 +336,7 @@ def make_reflector(r: Round) -> Policy:
 def stage_select(r: Round) -> Selection:
     """Stage 2: pair evolved-config rollouts with the original's per train task; keep the wins."""
     s, evolved = r.config.select, result(r, "evolve")
-    tasks = curriculum.train_of(r.bench, task_plan(r), s.train_tasks)  # includes stage 1's tasks: reused
+    tasks = plan.train_of(r.bench, task_plan(r), s.train_tasks)  # includes stage 1's tasks: reused
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
     sampled = best_per_tier(r, evolved) if s.best_of > 1 else None
@@ -381,7 +382,7 @@ def tier_demos(r: Round, tier: int, k: int) -> HCPConfig | None:
     (a task never sees its own); None when the tier's train tasks have no labels."""
     tasks = r.labelled
     if tasks is None:
-        tasks = curriculum.train_of(r.bench, task_plan(r), r.config.select.train_tasks)
+        tasks = plan.train_of(r.bench, task_plan(r), r.config.select.train_tasks)
     items = [Demo(task_id=t.id, messages=m) for t in tasks if t.tier == tier and (m := r.bench.env.reference(t))]
     if len(items) < 2:
         return None
@@ -456,7 +457,7 @@ def stage_distill(r: Round) -> Distilled:
 def dev_judge(r: Round, ref: str, tiers: list[int] | None = None) -> Judge:
     """Scores an adapter folder for choosing the training length: the last ``distill.dev_tasks`` dev tasks of the
     tiers in play (or of ``tiers``), under the original config."""
-    dev = curriculum.in_play(r.bench.env.tasks("dev"), tiers or task_plan(r).tiers)
+    dev = plan.in_play(r.bench.env.tasks("dev"), tiers or task_plan(r).tiers)
     return length_judge(r.bench, r.original, dev[-r.config.distill.dev_tasks :], ref)
 
 

@@ -14,7 +14,7 @@ from dspy.lm15 import Message as LMMessage
 from dspy.lm15 import Response, TextPart, Usage, response_to_events
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import Demo, HCPConfig
+from autoevolve.harness.hcp import Demo, HCPConfig
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.records import Task, without_failed_calls
 

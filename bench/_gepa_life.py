@@ -13,9 +13,9 @@ from _search_harness import DEMO_POOL, Metered, broken, candidate_config, chat, 
 from gepa.core.adapter import EvaluationBatch
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.evolve.reflect import PLACEHOLDERS, format_examples
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import Task, Trajectory
+from autoevolve.stages.evolve.reflect import PLACEHOLDERS, format_examples
 
 RULE = (
     "\n\nThe instruction is a template: keep each of these placeholders exactly as written, the harness fills them "

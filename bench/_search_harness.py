@@ -8,12 +8,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.evolve.reflect import PLACEHOLDERS
-from autoevolve.hcp import Demo, Demos, HCPConfig
+from autoevolve.harness.hcp import Demo, Demos, HCPConfig
+from autoevolve.harness.workbench import Workbench
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.records import Message, Task, Trajectory
-from autoevolve.workbench import Workbench
+from autoevolve.stages.evolve.reflect import PLACEHOLDERS
 
 DEMO_POOL = 16  # demos a search's pool holds (ours tops it up with references; GEPA is seeded with as many)
 

@@ -86,7 +86,7 @@ def test_tasks(config: Any) -> list[Any]:
 def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
     """Train task ids whose labelled solution one of the run's configs showed as a demo: stage 1's candidates and
     the configs stage 2 sampled under (a new tier's references as demos)."""
-    from autoevolve.hcp import HCPConfig
+    from autoevolve.harness.hcp import HCPConfig
 
     tasks = {t.id: t for t in env.tasks("train")}
     shown: set[str] = set()
@@ -105,7 +105,7 @@ def references_shown(store: Any, run_id: str, env: Any) -> list[str]:
 
 def labelled_ids(config: Any) -> list[str] | None:
     """The config's labelled train task ids (None without a labelled budget)."""
-    from autoevolve import labels
+    from autoevolve.stages import labels
 
     if config.labels is None:
         return None
@@ -115,7 +115,7 @@ def labelled_ids(config: Any) -> list[str] | None:
 def run_rounds(config: Any, policy: Any) -> None:
     """The config's rounds through the library on the bench's policy (finished rounds are read back)."""
     from autoevolve import loop
-    from autoevolve.report import write_rounds
+    from autoevolve.stages.report import write_rounds
 
     reports = []
     for number in range(config.rounds):
@@ -187,8 +187,8 @@ def shortcuts(wins: list[Any], env: Any) -> int:
 def judge(policy: Any, config: Any, arm: str, store: Any) -> Any:
     """The loop's rule for choosing a training length: the last ``distill.dev_tasks`` dev tasks under the original
     config, the rollouts stored in the arm's store."""
-    from autoevolve.evaluate import length_judge
-    from autoevolve.workbench import Workbench
+    from autoevolve.harness.workbench import Workbench
+    from autoevolve.stages.gate import length_judge
 
     bench = Workbench(policy, config.env.make(), store, str(config.run_id), seed=config.seed)
     tasks = config.env.make().tasks("dev")[-config.distill.dev_tasks :]
@@ -198,9 +198,9 @@ def judge(policy: Any, config: Any, arm: str, store: Any) -> Any:
 def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps: int) -> Any:
     """LoRA SFT from the base with the config's distill settings: the length chosen on dev with
     ``distill.epoch_grid``, else ``steps`` optimiser steps (the loop's). Read back if this arm trained before."""
-    from autoevolve.distill import TrainResult
-    from autoevolve.distill.dataset import native_tools
-    from autoevolve.distill.sft import train_sft
+    from autoevolve.stages.distill import TrainResult
+    from autoevolve.stages.distill.dataset import native_tools
+    from autoevolve.stages.distill.sft import train_sft
     from autoevolve.store import Store
 
     out = Path(config.run_dir) / "adapter"
@@ -223,8 +223,8 @@ def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps:
 def score(policy: Any, config: Any, adapter: str = "", path: str | None = None) -> list[float]:
     """Test rewards under the original config of an adapter (loaded from ``path``; '' is the base model), stored
     in the arm's store."""
+    from autoevolve.harness.workbench import Workbench
     from autoevolve.store import Store
-    from autoevolve.workbench import Workbench
 
     if path is not None:
         policy.add_adapter(adapter, path)
@@ -285,8 +285,8 @@ def harvest(
     """Samples of ``hcp`` (+ ``adapter``) on the tasks, pass after pass, until ``budget`` rollouts are made: pass 0
     as the config decodes, later passes at select.temperature and only on the tasks not yet won. Returns one
     full-reward, error-free win per task won (the first), the rollouts made, and a note."""
+    from autoevolve.harness.workbench import Workbench
     from autoevolve.store import Store
-    from autoevolve.workbench import Workbench
 
     env = cfg.env.make()
     by_id = {t.id: t for t in env.tasks("train")}
@@ -309,7 +309,7 @@ def harvest(
 def distilled_arm(policy: Any, config: Any, arm: str, facts: dict[str, Any], hcp: Any, adapter: str = "") -> Arm:
     """An arm that harvests the loop's train tasks with ``hcp`` (+ ``adapter``) on the loop's rollout budget and
     trains on its wins and the labelled references, from the base."""
-    from autoevolve.distill.dataset import render_examples
+    from autoevolve.stages.distill.dataset import render_examples
 
     cfg, refs = arm_config(config, arm), facts["references"]
     tasks = [i for i in facts["train_tasks"] if i not in set(refs)]
@@ -333,7 +333,7 @@ def sft_then_rft(policy: Any, config: Any, facts: dict[str, Any], first: Arm) ->
 
 def icl_distill(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
     """No search: the base model under the original config with the labelled references as demos."""
-    from autoevolve import labels
+    from autoevolve.stages import labels
 
     env, e = config.env.make(), config.evolve
     by_id = {t.id: t for t in env.tasks("train")}

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from _shared import code_id, paired_gain, write_json  # noqa: E402
 
 from autoevolve.records import renamed_cells  # noqa: E402
-from autoevolve.twobytwo import CELLS, SHORT_LABELS, score  # noqa: E402
+from autoevolve.views.twobytwo import CELLS, SHORT_LABELS, score  # noqa: E402
 
 TIER_BARS = {"1": 0.85, "2": 0.40}  # the served expert after the last round, original config, test
 MAX_TIER_DROP = 0.05
@@ -69,7 +69,7 @@ def _mean(values: list[float]) -> float:
 
 
 def table(rows: list[dict[str, Any]], served: list[Pair | None]) -> list[str]:
-    """One line per round; the test 2x2's columns in ``autoevolve.twobytwo``'s order and labels."""
+    """One line per round; the test 2x2's columns in ``autoevolve.views.twobytwo``'s order and labels."""
     two = " ".join(f"{SHORT_LABELS[c]:>10}" for c in CELLS)
     head = (
         f"{'round':>5} {'decision':>12} {'tiers':>6} {two} {'served':>7} {'gain over A_r [95% CI]':>26} "

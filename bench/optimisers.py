@@ -43,14 +43,14 @@ from _search_harness import DEMO_POOL, Metered
 from _shared import ROOT, code_id, fresh_home, paired_gain, write_json
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.evolve import evolve, make_mutators, train_tasks
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
+from autoevolve.harness.workbench import Workbench
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.records import Task
-from autoevolve.stage_settings import BudgetSettings, EvolveSettings, ReflectionSettings
+from autoevolve.stages.evolve import evolve, make_mutators, train_tasks
+from autoevolve.stages.settings import BudgetSettings, EvolveSettings, ReflectionSettings
 from autoevolve.stats import bootstrap_ci, mean
 from autoevolve.store import Store
-from autoevolve.workbench import Workbench
 
 SYSTEMS = ("ours", "ours-no-demos", "gepa", "dspy-bootstrap", "dspy-mipro")
 INPUTS = {

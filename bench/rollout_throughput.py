@@ -37,12 +37,12 @@ import torch
 from _shared import write_json
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import Demo, Demos, HCPConfig
+from autoevolve.harness.hcp import Demo, Demos, HCPConfig
+from autoevolve.harness.rollout import rollout
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.policy.weights import pack
 from autoevolve.records import Message, Trajectory
-from autoevolve.rollout import rollout
 from autoevolve.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,8 +164,8 @@ def grammar_cost(policy: LocalPolicy, n: int, repeats: int) -> dict[str, float]:
     """Decode ms per generated token on the fncall sample's first calls, free and under the tool-call grammar
     (medians of ``repeats`` after a warm-up), and the grammar's own mask-and-advance µs per token."""
     from autoevolve.envs.fncall import SAMPLE, FncallEnv
-    from autoevolve.grammar import Guide
-    from autoevolve.rollout import constraint
+    from autoevolve.harness.rollout import constraint
+    from autoevolve.policy.grammar import Guide
 
     env = FncallEnv(SAMPLE)
     tasks = [t for s in ("train", "dev", "test") for t in env.tasks(s)][:n]

@@ -22,9 +22,9 @@ from _shared import write_json
 
 from autoevolve import loop, model
 from autoevolve.config import load_config
-from autoevolve.distill import fit
 from autoevolve.loop import STAGES
-from autoevolve.twobytwo import CELLS, SHORT_LABELS, score
+from autoevolve.stages.distill import fit
+from autoevolve.views.twobytwo import CELLS, SHORT_LABELS, score
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 360.0

@@ -43,15 +43,15 @@ SWITCHES = ("own", "shared", "shared_kv")
 def experts(work: Path) -> Path:
     """A registry with L0-chat (router harness, demos, untrained adapter) and L1-life (SFT on references)."""
     from autoevolve.config import load_config
-    from autoevolve.distill.dataset import native_tools
-    from autoevolve.distill.sft import train_sft
     from autoevolve.envs.life import LifeEnv
     from autoevolve.envs.routing import EXPERTS, RouterEnv
-    from autoevolve.hcp import Demo, Demos, HCPConfig
+    from autoevolve.fleet.registry import add_expert, promote, register, write_harness
+    from autoevolve.harness.hcp import Demo, Demos, HCPConfig
     from autoevolve.model import EMBEDDED, base_model_id
-    from autoevolve.registry import add_expert, promote, register, write_harness
+    from autoevolve.stages.distill.dataset import native_tools
+    from autoevolve.stages.distill.sft import train_sft
     from autoevolve.store import Store
-    from tests.test_router import _fresh_adapter
+    from tests.fleet.test_router import _fresh_adapter
 
     base = base_model_id(EMBEDDED)
     router_env, life = RouterEnv(), LifeEnv(tiers=(1,))
@@ -114,7 +114,7 @@ class Calls:
 def converse(fleet: Any, task: Any, env: Any, tools: list[dict], calls: Calls) -> dict[str, Any]:
     """One routed conversation, the bench running the tool calls: the score, the answering expert, and the expert's
     first call after the switch."""
-    from autoevolve.serving.wire import ChatBody, WireError, conversation
+    from autoevolve.fleet.serving.wire import ChatBody, WireError, conversation
 
     episode, messages = env.start(task), [{"role": "user", "content": task.request}]
     first_model, switch, error = "", None, ""
@@ -153,10 +153,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from autoevolve.envs.life import LifeEnv
-    from autoevolve.hcp import HCPConfig
+    from autoevolve.fleet.serving import open_fleet
+    from autoevolve.harness.hcp import HCPConfig
     from autoevolve.model import EMBEDDED
     from autoevolve.policy.local import LocalPolicy
-    from autoevolve.serving import open_fleet
 
     work = Path(tempfile.mkdtemp(prefix="router-kv-"))
     store = experts(work)

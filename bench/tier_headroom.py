@@ -43,11 +43,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from autoevolve.config import load_config
-    from autoevolve.hcp import Demo, Demos
+    from autoevolve.harness.hcp import Demo, Demos
+    from autoevolve.harness.workbench import Workbench
     from autoevolve.loop import make_policy
     from autoevolve.stats import mean
     from autoevolve.store import Store
-    from autoevolve.workbench import Workbench
 
     config = load_config(args.config)
     policy = make_policy(config)

@@ -2,7 +2,7 @@
 
 "Before" is TRL's SFTTrainer in fp32, as the project trained until now: every position of every row computed and
 scored. "Compact" runs a batch's shared prompt prefix once and scores only labelled positions
-(``autoevolve.distill.compact``). The data has the shape of the quickstart's selection (the kept rollouts of
+(``autoevolve.stages.distill.compact``). The data has the shape of the quickstart's selection (the kept rollouts of
 ``select.train_tasks`` train tasks, each re-rendered under the original config): the reference conversations of
 the same train tasks. Each mode trains the same LoRA with the quickstart's distill settings; the table shows tokens/s
 in the training loop (padding excluded) and the loss, so a faster mode is only a win at an equal loss.
@@ -21,10 +21,10 @@ from typing import Any
 from _shared import write_json
 
 from autoevolve.config import load_config
-from autoevolve.distill import TrainSettings, render_examples, sft, train_sft
-from autoevolve.distill.compact import compact_sft_trainer
-from autoevolve.evolve import train_tasks
 from autoevolve.records import Trajectory
+from autoevolve.stages.distill import TrainSettings, render_examples, sft, train_sft
+from autoevolve.stages.distill.compact import compact_sft_trainer
+from autoevolve.stages.evolve import train_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {  # precision, and whether the compact trainer (else TRL's own SFTTrainer)

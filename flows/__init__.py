@@ -21,7 +21,7 @@ for _name, _value in (
 from prefect.context import FlowRunContext, TaskRunContext  # noqa: E402 - after the settings above
 from prefect.logging.handlers import APILogHandler  # noqa: E402
 
-from autoevolve import narration  # noqa: E402
+from autoevolve.views import narration  # noqa: E402
 
 
 class RunLogHandler(APILogHandler):

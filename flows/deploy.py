@@ -30,7 +30,7 @@ from prefect.schedules import Cron
 from prefect.settings import get_current_settings
 
 from autoevolve.config import DeploySettings, RunConfig, load_config
-from autoevolve.narration import say
+from autoevolve.views.narration import say
 from autoevolve_flows.loop_flow import loop_flow
 
 TAGS = ["autoevolve"]

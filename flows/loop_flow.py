@@ -13,8 +13,8 @@ from prefect import flow
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
-from autoevolve.narration import say
-from autoevolve.report import format_rounds, write_rounds
+from autoevolve.stages.report import format_rounds, write_rounds
+from autoevolve.views.narration import say
 from autoevolve_flows.round import round_flow
 
 ROUND_RETRIES = 1  # a round that failed on a transient error runs again once, resuming from the store

@@ -33,12 +33,12 @@ from prefect.runtime import flow_run
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
-from autoevolve.hcp import diff
-from autoevolve.markdown import candidate_rows, round_markdown
-from autoevolve.narration import say
+from autoevolve.harness.hcp import diff
+from autoevolve.harness.workbench import Progress
 from autoevolve.records import EvalReport
-from autoevolve.twobytwo import format_table
-from autoevolve.workbench import Progress
+from autoevolve.views.markdown import candidate_rows, round_markdown
+from autoevolve.views.narration import say
+from autoevolve.views.twobytwo import format_table
 
 POLICY_TAG = "autoevolve-policy"
 

@@ -10,11 +10,11 @@ from prefect import flow
 from autoevolve import loop
 from autoevolve.config import load_config
 from autoevolve.envs.life import LifeEnv
+from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Cell, EvalReport
 from autoevolve.store import Store
-from autoevolve.workbench import Workbench
 from autoevolve_flows.round import approval
-from tests.test_select import NoCalls
+from tests.stages.test_select import NoCalls
 
 
 def gate_report(run_id: str) -> EvalReport:

@@ -21,7 +21,7 @@ def env():
 @pytest.fixture(scope="session")
 def original():
     """The original HCP config of the life environment."""
-    from autoevolve.hcp import HCPConfig
+    from autoevolve.harness.hcp import HCPConfig
 
     return HCPConfig.from_yaml("prompts/life.yaml")
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from autoevolve.config import load_config
-from autoevolve.markdown import candidate_rows, round_markdown
+from autoevolve.views.markdown import candidate_rows, round_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from autoevolve.config import ConfigError, changed_settings, load_config
+from autoevolve.fleet.registry import decide
 from autoevolve.loop import check_run
 from autoevolve.records import Cell, EvalReport
-from autoevolve.registry import decide
 from autoevolve.store import Store
-from tests.test_registry import BASE, _adapter, _register
+from tests.fleet.test_registry import BASE, _adapter, _register
 
 ROOT = Path(__file__).resolve().parents[1]
 

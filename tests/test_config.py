@@ -146,7 +146,7 @@ def test_the_selected_trainers_section_round_trips(tmp_path: Path) -> None:
 
 
 def test_reading_a_config_loads_no_trainer_or_rollout_engine() -> None:
-    heavy = ("torch", "trl", "transformers", "autoevolve.rollout", "autoevolve.distill.grpo")
+    heavy = ("torch", "trl", "transformers", "autoevolve.harness.rollout", "autoevolve.stages.distill.grpo")
     code = f"import sys, autoevolve.config; print([m for m in sys.modules if m.startswith({heavy!r})])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

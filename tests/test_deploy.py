@@ -302,8 +302,8 @@ def test_a_round_distils_on_the_deployment_and_loads_the_adapter_it_registered(
 def _remote_error(tmp_path: Path, model_dir: Path, deployment: str, extra: str = "") -> str:
     """The error of distilling remotely for a run whose stages 1-2 never ran."""
     from autoevolve_flows.round import remote_stage
+    from tests.stages.test_select import NoCalls
     from tests.test_resume import _config
-    from tests.test_select import NoCalls
 
     tmp_path.mkdir(exist_ok=True)
     config = load_config(_config(tmp_path, model_dir, "early", extra))

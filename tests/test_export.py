@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from pydantic import TypeAdapter
 
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import (
     AdapterRecord,
     Candidate,

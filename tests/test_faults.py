@@ -115,7 +115,7 @@ def test_a_stage_stops_when_most_of_a_batch_fails_alike_at_the_endpoint(
     prefect_harness,
     fake,  # noqa: F811 - the fixture imported above
 ) -> None:
-    from autoevolve.workbench import EndpointDown
+    from autoevolve.harness.workbench import EndpointDown
     from autoevolve_flows.round import round_flow
 
     url, state = fake
@@ -142,8 +142,8 @@ def test_stages_are_retried_on_transient_errors_only() -> None:
     from prefect.states import Failed
 
     from autoevolve.config import ConfigError
+    from autoevolve.harness.workbench import EndpointDown
     from autoevolve.store import StoreBusy
-    from autoevolve.workbench import EndpointDown
     from autoevolve_flows.round import evolve_stage, retry_transient
 
     def retried(error: BaseException) -> bool:

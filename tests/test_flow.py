@@ -11,9 +11,9 @@ import pytest
 
 from autoevolve.config import load_config
 from autoevolve.envs.life import LifeEnv
+from autoevolve.harness.workbench import Workbench
 from autoevolve.records import EvalReport
 from autoevolve.store import Store
-from autoevolve.workbench import Workbench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_approval_pauses_the_flow_until_a_person_answers(
     from autoevolve import loop
     from autoevolve_flows.round import approval
     from tests.approval_flow import gate_report
-    from tests.test_select import NoCalls
+    from tests.stages.test_select import NoCalls
 
     # An answered pause waits long enough for a loaded machine's SQLite-backed test server to record the answer.
     config = _tiny_config(tmp_path, tmp_path, f"registry: {{approval: true, approval_timeout_s: {timeout}}}\n")

@@ -9,7 +9,7 @@ import nbformat
 from autoevolve.store import Store
 from tests.notebook import errors, run_notebook
 from tests.test_export import ADAPTER, RUN, build_run
-from tests.test_inspect import add_trained_adapters
+from tests.views.test_inspect import add_trained_adapters
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "inspect_trajectories.ipynb"
 

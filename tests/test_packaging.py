@@ -48,7 +48,7 @@ def test_the_wheel_holds_every_module_and_the_data_it_reads(wheel_names: set[str
 
 def test_the_default_meta_prompts_ship_inside_the_package() -> None:
     import autoevolve
-    from autoevolve.stage_settings import ReflectionSettings
+    from autoevolve.stages.settings import ReflectionSettings
 
     path = ReflectionSettings().meta_prompts
     assert Path(autoevolve.__file__).parent in path.parents and path.is_file()

@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 
 from autoevolve import loop
 from autoevolve.config import load_config
-from autoevolve.evolve import train_tasks
 from autoevolve.records import Candidate, Trajectory
+from autoevolve.stages.evolve import train_tasks
 from autoevolve.store import TRAJ_KEY, Store
-from tests.test_select import NoCalls
+from tests.stages.test_select import NoCalls
 
 ROOT = Path(__file__).resolve().parents[1]
 

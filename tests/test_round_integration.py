@@ -9,14 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from autoevolve import registry
 from autoevolve.config import load_config
-from autoevolve.distill import TrainSettings, render_examples, train_sft
 from autoevolve.envs import make_env
-from autoevolve.evaluate import gate
+from autoevolve.fleet import registry
+from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Trajectory
+from autoevolve.stages.distill import TrainSettings, render_examples, train_sft
+from autoevolve.stages.gate import gate
 from autoevolve.store import Store
-from autoevolve.workbench import Workbench
 
 ROOT = Path(__file__).resolve().parents[1]
 

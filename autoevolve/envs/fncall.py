@@ -33,8 +33,8 @@ from autoevolve.envs.bfcl_scoring import (
     skip_reason,
 )
 from autoevolve.envs.taskfile import data_file, seeded_split
+from autoevolve.harness.toolcall import PARALLEL_CALLS
 from autoevolve.records import Message, Split, Task, ToolCall
-from autoevolve.toolcall import PARALLEL_CALLS
 
 SAMPLE = Path(__file__).parent / "data" / "bfcl_sample.jsonl"  # a tiny hand-written set, shipped with the package
 PARALLEL = Path(__file__).parent / "data" / "bfcl_parallel_sample.jsonl"  # parallel questions, hand-written

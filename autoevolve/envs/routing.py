@@ -16,8 +16,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from autoevolve.fleet.router import CHANGE_MODEL, change_model_tool
 from autoevolve.records import Expert, Message, Split, Task, ToolCall
-from autoevolve.router import CHANGE_MODEL, change_model_tool
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EXPERTS = [

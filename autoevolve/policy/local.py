@@ -34,7 +34,7 @@ class LocalPolicy:
         self.adapters: dict[str, str] = {}
         self.share_prefix = True  # without the decoder: a batch's common prompt prefix is computed once
         self.decoder = Decoder(self.base, self._stop_ids) if engine == "auto" and supports(self.base) else None
-        self._grammars: Any = None  # autoevolve.grammar.Grammars, made on the first constrained request
+        self._grammars: Any = None  # autoevolve.policy.grammar.Grammars, made on the first constrained request
 
     def add_adapter(self, name: str, path: str) -> None:
         """Load a PEFT adapter folder under a name (a name already loaded is replaced)."""
@@ -155,7 +155,7 @@ class LocalPolicy:
         if not any(constraints):
             return None
         if self._grammars is None:
-            from autoevolve.grammar import Grammars
+            from autoevolve.policy.grammar import Grammars
 
             self._grammars = Grammars(self.tokenizer, self.base.lm_head.out_features)
         return [self._grammars.guide(c) if c is not None else None for c in constraints]

@@ -190,7 +190,7 @@ def constrained(request: ChatRequest) -> dict[str, Any]:
             f"decoding.constrain 'tool_call' with call_syntax {spec.syntax!r}: an OpenAI-compatible server has no "
             "grammar for calls in Python syntax; use tool_format 'native' or call_syntax 'json', or a local model"
         )
-    from autoevolve.grammar import json_schema
+    from autoevolve.policy.grammar import json_schema
 
     schema = {"name": "tool_call", "schema": json_schema(spec), "strict": False}
     return {"response_format": {"type": "json_schema", "json_schema": schema}}

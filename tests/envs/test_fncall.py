@@ -13,11 +13,11 @@ import pytest
 from autoevolve.envs import make_env
 from autoevolve.envs.bfcl_scoring import AGENTIC, MULTI_TURN, NO_TRUTH, NO_TRUTH_RELEVANCE, category_of
 from autoevolve.envs.fncall import PARALLEL, SAMPLE, FncallEnv, FncallEpisode, to_openai_tools
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
+from autoevolve.harness.rollout import rollout
+from autoevolve.harness.toolcall import PARALLEL_CALLS, parse_all
 from autoevolve.policy import ChatRequest, Completion
 from autoevolve.records import Task
-from autoevolve.rollout import rollout
-from autoevolve.toolcall import PARALLEL_CALLS, parse_all
 
 SPLITS = ("train", "dev", "test")
 TRIANGLE = {
@@ -53,7 +53,7 @@ SHIP = {
 
 
 class Scripted:
-    """A policy that replays fixed replies, one per model call (as in tests/test_rollout.py)."""
+    """A policy that replays fixed replies, one per model call (as in tests/harness/test_rollout.py)."""
 
     def __init__(self, replies: list[str]) -> None:
         self.replies, self.calls = replies, 0

@@ -12,7 +12,7 @@ import pytest
 from autoevolve.config import ConfigError, load_config
 from autoevolve.envs import Namespaced, make_env
 from autoevolve.envs.loading import EnvLoadError, registered
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

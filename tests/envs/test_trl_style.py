@@ -11,10 +11,10 @@ from transformers.utils import get_json_schema
 
 from autoevolve.envs.loading import path_arguments
 from autoevolve.envs.trl_style import TRLEnvironment
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
+from autoevolve.harness.rollout import apply
 from autoevolve.policy import Completion
 from autoevolve.records import Message, ToolCall
-from autoevolve.rollout import apply
 
 
 class Shop:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.decode import Decoder, supports
 from autoevolve.policy.local import LocalPolicy

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.local import LocalPolicy
 

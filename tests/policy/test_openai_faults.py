@@ -12,10 +12,10 @@ from collections import Counter
 import pytest
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import HCPConfig
+from autoevolve.harness.hcp import HCPConfig
+from autoevolve.harness.rollout import rollout
 from autoevolve.policy import ChatRequest
 from autoevolve.policy.openai import OpenAIPolicy
-from autoevolve.rollout import rollout
 from tests.policy.fake_http import JSONHandler, chat_completion, serving
 
 TIMEOUT_S = 2.0  # generous: a loaded 2-core machine once took over 0.5 s to answer a plain 422

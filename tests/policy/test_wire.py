@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from autoevolve.envs.life import LifeEnv
-from autoevolve.hcp import Demo, Demos, HCPConfig, format_call
+from autoevolve.harness.hcp import Demo, Demos, HCPConfig, format_call
+from autoevolve.harness.rollout import apply, rollout
 from autoevolve.model import chat_text
 from autoevolve.policy import Completion
 from autoevolve.policy.openai import OpenAIPolicy
 from autoevolve.records import Message, ToolCall
-from autoevolve.rollout import apply, rollout
 from tests.policy.fake_http import JSONHandler, chat_completion, serving
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,380 @@
+"""The served fleet: the base model and every LoRA version on one LocalPolicy, each behind its own harness.
+
+A served name is the base model, an expert (its live version), or one version (``NAME@vN``). Each adapter is served
+under the HCP config its training rendered under (``hcp.json`` in its folder, else the store's record of it), so a
+conversation reaches the model as the same tokens stage 3 trained on. A request that opens with a system message
+brings its own harness instead: its messages go to the chat template as sent, as vLLM serves them (the rollout
+engine's requests are of this kind). Requesting ``router`` (or the entry expert by name) serves the Mixture of
+LoRA: the entry expert gets ``change_model`` from the registry and may hand the turn to another expert. How the
+chosen expert takes over is the ``switch``: ``own`` (default) renders the conversation under its own harness, the
+tokens it was trained on, computed anew under its adapter; ``shared`` has it continue the entry expert's context (the
+entry's harness and routing call) computed anew; ``shared_kv`` continues that context from the keys and values the
+entry expert's adapter already computed, so only the routing result is prefilled (``bench/router_kv.py`` measures
+the latency saved and the score lost).
+
+One worker thread owns the model: it takes the requests waiting (a few milliseconds' worth), batches those of one
+adapter into one ``generate`` call, and runs adapter loads and unloads between batches, so a batch never sees two
+versions of an adapter. A request names a served name, not a version: it is resolved when its batch starts. A name
+unloaded to be loaded again (vLLM's promotion hook unloads, then loads) keeps its requests waiting for the reload,
+up to ``swap_grace_s``, instead of failing them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from autoevolve.fleet import registry
+from autoevolve.fleet.router import CHANGE_MODEL, change_model_tool, latest_turn
+from autoevolve.fleet.serving.calls import View, caller, cut, harnessed_call, in_context, read_calls
+from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation
+from autoevolve.harness.hcp import HCPConfig
+from autoevolve.model import base_model_id
+from autoevolve.policy import ChatRequest, Completion
+from autoevolve.records import Expert, Message, Trajectory
+
+ROUTER = "router"  # the served name of the Mixture of LoRA (the entry expert's name serves it too)
+log = logging.getLogger(__name__)
+SWAP_GRACE_S = 10.0  # how long requests for an unloaded name wait for it to be loaded again
+Switch = Literal["own", "shared", "shared_kv"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One served name: the adapter behind it ('' for the bare base model), its folder, and its harness."""
+
+    name: str
+    ref: str
+    path: str = ""
+    hcp: HCPConfig | None = None
+    version: int | None = None
+
+    def card(self, base: str, created: int) -> dict[str, Any]:
+        """The model card of ``/v1/models``, as vLLM writes it (a LoRA's ``root`` is its folder)."""
+        lora = bool(self.path)
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": created,
+            "owned_by": "autoevolve",
+            "root": self.path if lora else base,
+            "parent": base if lora else None,
+        }
+
+
+@dataclass
+class _Job:
+    """A model call waiting for the worker: a served name and how to make its request once the slot is known."""
+
+    name: str
+    build: Callable[[Slot], ChatRequest]
+    future: Future = field(default_factory=Future)
+    slot: Slot | None = None
+    request: ChatRequest | None = None
+
+
+@dataclass
+class _Control:
+    """A change of the served adapters, run by the worker between batches."""
+
+    run: Callable[[], Any]
+    future: Future = field(default_factory=Future)
+
+
+class Fleet:
+    """Serves chat completions over a LocalPolicy's base model and adapters (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: Any,
+        base: str,
+        *,
+        experts: list[Expert] = (),
+        entry: str | None = None,
+        harnesses: dict[str, HCPConfig] | None = None,
+        wait_s: float = 0.005,
+        swap_grace_s: float = SWAP_GRACE_S,
+        recorder: Callable[[Trajectory], None] | None = None,
+        switch: Switch = "own",
+    ) -> None:
+        self.policy, self.base = policy, base
+        self.experts = {e.name: e for e in experts}
+        self.entry = entry
+        self.harnesses = dict(harnesses or {})  # an expert's harness when its folder and the store hold none
+        self.wait_s, self.swap_grace_s, self.recorder = wait_s, swap_grace_s, recorder
+        self.switch = switch  # how the expert the router chose takes the turn over (see the module docstring)
+        self.slots: dict[str, Slot] = {base: Slot(base, "")}
+        self.aliases = {policy.model_name: base}  # the base model by the name its policy was made with, too
+        self.created = int(time.time())
+        self.unloaded: dict[str, float] = {}  # name -> when it was unloaded
+        self.stats = {"batches": 0, "calls": 0, "largest_batch": 0, "loads": 0, "unloads": 0}
+        self._jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
+
+    # -- the adapters served ------------------------------------------------------------------------------
+
+    def load(self, name: str, path: str, inplace: bool = False, hcp: HCPConfig | None = None) -> Slot:
+        """Serve an adapter folder under ``name`` (vLLM's ``load_lora_adapter``), under the harness its folder holds
+        (else ``hcp``, else the expert's in ``harnesses``); WireError when the name is taken (unless ``inplace``), is
+        the base model's, or the folder is no adapter."""
+        return self._control(lambda: self._load(name, path, inplace, hcp))
+
+    def unload(self, name: str) -> None:
+        """Stop serving ``name`` (vLLM's ``unload_lora_adapter``); its requests wait ``swap_grace_s`` for a reload."""
+        self._control(lambda: self._unload(name))
+
+    def cards(self) -> list[dict[str, Any]]:
+        """``/v1/models``: the base model, each expert and each version served, and the router when there is one."""
+        cards = [
+            s.card(self.base, self.created)
+            for s in sorted(list(self.slots.values()), key=lambda s: (s.name != self.base, s.name))
+        ]
+        if self._router_ready():
+            cards.append({**self.slots[self.base].card(self.base, self.created), "id": ROUTER})
+        return cards
+
+    def _load(self, name: str, path: str, inplace: bool, hcp: HCPConfig | None) -> Slot:
+        if name in (self.base, ROUTER):
+            raise WireError(f"lora_name: {name!r} is the base model's or the router's name; pick another")
+        if name in self.slots and not inplace:
+            raise WireError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+        try:
+            registry.check_adapter_folder(Path(path), base_model_id(self.policy.model_name))
+        except ValueError as exc:
+            raise WireError(f"lora_path: {exc}", param="lora_path") from None
+        known = registry.folder_version(path)
+        ref = f"{known[0]}@v{known[1]}" if known else name
+        hcp = registry.folder_harness(path) or hcp or self.harnesses.get(known[0] if known else name.split("@")[0])
+        if self.policy.adapters.get(ref) != str(path):
+            self.policy.add_adapter(ref, str(path))
+        slot = Slot(name, ref, str(path), hcp, known[1] if known else None)
+        self.slots[name] = slot
+        if ref != name and ref not in self.slots:  # the version is served under its own name too
+            self.slots[ref] = Slot(ref, ref, str(path), hcp, slot.version)
+        self.unloaded.pop(name, None)
+        self.stats["loads"] += 1
+        return slot
+
+    def _unload(self, name: str) -> None:
+        if name == self.base:
+            raise WireError("lora_name: the base model cannot be unloaded", param="lora_name")
+        if name not in self.slots:
+            raise WireError(f"The lora adapter '{name}' cannot be found.", status=404, param="lora_name")
+        del self.slots[name]
+        self.unloaded[name] = time.monotonic()
+        self.stats["unloads"] += 1
+
+    def serve_base_as(self, name: str, hcp: HCPConfig) -> None:
+        """Serve an expert with no live version: the bare base model under its harness (startup only)."""
+        self.slots[name] = Slot(name, "", "", hcp)
+
+    # -- answering ------------------------------------------------------------------------------------------
+
+    def reply(self, body: ChatBody) -> Reply:
+        """Answer one chat-completion request (blocks until its batch ran); WireError for a request it refuses."""
+        history, system = conversation(body.messages)
+        routed = body.model == ROUTER or (body.model == self.entry and system is None and self._router_ready())
+        reply = self._routed(body, history) if routed else self._call(body.model, body, history=history, system=system)
+        if self.recorder is not None:
+            try:
+                self.recorder(self._trajectory(body, history, reply))
+            except Exception:  # noqa: BLE001 - the answer stands when it cannot be recorded
+                log.exception("could not record a served conversation")
+        return reply
+
+    def _routed(self, body: ChatBody, history: list[Message]) -> Reply:
+        """The Mixture of LoRA: the entry expert answers or calls change_model; a call hands the turn to that expert.
+        A turn an expert left with a tool call goes on with that expert when the client sends the result."""
+        if not self._router_ready():
+            raise WireError(
+                f"model: no router here (it needs an entry expert and another expert: {self._names()})",
+                status=404,
+                param="model",
+            )
+        if body.messages[0].get("role") in ("system", "developer"):
+            raise WireError("messages: the router serves each expert under its own harness; send no system message")
+        entry, turn = self.slots.get(self.entry or ""), latest_turn(history)
+        if entry is None:  # unloaded since the check above
+            raise WireError(f"model: the entry expert {self.entry!r} is being swapped; retry", status=503)
+        tool = change_model_tool(list(self.experts.values()), self.entry)
+        shared, keep = self.switch != "own", self.switch == "shared_kv"
+
+        def harnessed(messages: list[Message], answering: bool, reuse: str | None = None) -> Callable:
+            if shared:
+                return lambda slot: in_context(entry.hcp, body, messages, tool, answering, keep, reuse)
+            return lambda slot: harnessed_call(slot.hcp, body, messages, None, None if answering else tool)
+
+        owner = caller(history)
+        if owner and owner != self.entry and owner in self.slots:
+            return self._call(owner, body, harnessed(turn if shared else history, True))
+        reply = self._call(self.entry, body, harnessed(turn, False))
+        if not reply.calls or reply.calls[0].name != CHANGE_MODEL:
+            return reply
+        call = reply.calls[0]
+        chosen = str(call.arguments.get("model"))
+        if chosen == self.entry or chosen not in self.slots:  # a route to nowhere: the entry's reply stands
+            return Reply(
+                model=reply.model,
+                text=json.dumps({"name": CHANGE_MODEL, "arguments": call.arguments}),
+                prompt_tokens=reply.prompt_tokens,
+                completion_tokens=reply.completion_tokens,
+            )
+        switched = json.dumps({"model": chosen, "status": "switched"})
+        routing = [
+            Message(role="assistant", tool_calls=[call], adapter=entry.ref or None),
+            Message(role="tool", content=switched, tool_call_id=call.id),
+        ]
+        reuse = entry.ref if self.switch == "shared_kv" else None
+        answer = self._call(chosen, body, harnessed([*turn, *routing] if shared else history, True, reuse))
+        answer.routing = routing
+        answer.prompt_tokens += reply.prompt_tokens
+        answer.completion_tokens += reply.completion_tokens
+        return answer
+
+    def _call(
+        self,
+        name: str,
+        body: ChatBody,
+        make: Callable[[Slot], tuple[ChatRequest, View]] | None = None,
+        history: list[Message] | None = None,
+        system: str | None = None,
+    ) -> Reply:
+        """One model call for a served name (its request made by ``make`` once the slot is known; by default the
+        slot's harness over ``history``) and its reply in the wire's terms."""
+        views: list[View] = []
+
+        def build(slot: Slot) -> ChatRequest:
+            request, view = make(slot) if make else harnessed_call(slot.hcp, body, history or [], system, None)
+            views.append(view)
+            return request
+
+        job = _Job(name, build)
+        self._jobs.put(job)
+        completion: Completion = job.future.result()
+        if completion.error:
+            raise WireError(f"generation failed: {completion.error}", status=500)
+        slot, view = job.slot, views[0]
+        text = cut(completion.text, body.stops)
+        calls = read_calls(Completion(text=text), view, slot.name)
+        length = completion.completion_tokens >= (job.request.max_new_tokens if job.request else 0)
+        return Reply(
+            model=slot.ref or slot.name,
+            text="" if calls else text,
+            calls=calls,
+            finish_reason="tool_calls" if calls else ("length" if length and text == completion.text else "stop"),
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+        )
+
+    def _router_ready(self) -> bool:
+        """Whether the router can be served: an entry expert with a harness, and another expert to route to."""
+        slot = self.slots.get(self.entry or "")
+        return slot is not None and slot.hcp is not None and any(n != self.entry for n in self.experts)
+
+    def _names(self) -> str:
+        return ", ".join(sorted(self.slots))
+
+    def _trajectory(self, body: ChatBody, history: list[Message], reply: Reply) -> Trajectory:
+        """A served request as a stored trajectory: the conversation, the routing exchange, the answer (each
+        assistant message with the adapter that wrote it)."""
+        answer = Message(role="assistant", content=reply.text, tool_calls=reply.calls, adapter=reply.model)
+        first = reply.routing[0].adapter if reply.routing else reply.model  # who took the request
+        entry = self.slots.get(first or self.base)
+        digest = hashlib.sha256(json.dumps(body.messages, sort_keys=True).encode()).hexdigest()[:16]
+        return Trajectory(
+            run_id="serve",
+            task_id=f"serve-{digest}",
+            split="test",
+            hcp_id=entry.hcp.id if entry and entry.hcp else "",
+            adapter=first or "",
+            stage="serve",
+            messages=[*history, *reply.routing, answer],
+            reward=0.0,
+            feedback="served: not scored",
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+        )
+
+    # -- the worker ---------------------------------------------------------------------------------------------
+
+    def _control(self, run: Callable[[], Any]) -> Any:
+        job = _Control(run)
+        self._jobs.put(job)
+        return job.future.result()
+
+    def _work(self) -> None:
+        """Forever: gather what waits, run it; requests for a name being swapped wait for the next round."""
+        waiting: list[Any] = []
+        while True:
+            try:
+                jobs = [*waiting, self._jobs.get(timeout=0.02 if waiting else None)]
+            except queue.Empty:
+                jobs = list(waiting)
+            deadline = time.monotonic() + self.wait_s
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    jobs.append(self._jobs.get(timeout=left))
+                except queue.Empty:
+                    break
+            waiting = self._run(jobs)
+
+    def _run(self, jobs: list[Any]) -> list[_Job]:
+        """Run controls in order and batch the calls between them; returns the calls left waiting for a reload."""
+        waiting, calls = [], []
+        for job in jobs:
+            if isinstance(job, _Control):
+                self._generate(calls)
+                calls = []
+                _settle(job.future, job.run)
+                continue
+            slot = self.slots.get(self.aliases.get(job.name, job.name))
+            if slot is None and time.monotonic() - self.unloaded.get(job.name, -1e9) < self.swap_grace_s:
+                waiting.append(job)
+                continue
+            if slot is None:
+                job.future.set_exception(
+                    WireError(
+                        f"model: {job.name!r} is not served here (served: {self._names()})", status=404, param="model"
+                    )
+                )
+                continue
+            try:
+                job.slot, job.request = slot, job.build(slot)
+            except Exception as exc:  # noqa: BLE001 - a request that cannot be made fails alone
+                job.future.set_exception(exc)
+                continue
+            calls.append(job)
+        self._generate(calls)
+        return waiting
+
+    def _generate(self, calls: list[_Job]) -> None:
+        """One generate call per adapter for the calls gathered."""
+        groups: dict[str, list[_Job]] = {}
+        for job in calls:
+            groups.setdefault(job.slot.ref, []).append(job)
+        for ref, group in groups.items():
+            try:
+                completions = self.policy.generate([j.request for j in group], ref or None)
+            except Exception as exc:  # noqa: BLE001 - the policy never raises; this is a bug, reported per request
+                completions = [Completion(error=f"{type(exc).__name__}: {exc}")] * len(group)
+            self.stats["batches"] += 1
+            self.stats["calls"] += len(group)
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(group))
+            for job, completion in zip(group, completions, strict=True):
+                job.future.set_result(completion)
+
+
+def _settle(future: Future, run: Callable[[], Any]) -> None:
+    try:
+        future.set_result(run())
+    except Exception as exc:  # noqa: BLE001 - the caller gets the exception
+        future.set_exception(exc)

@@ -1,0 +1,23 @@
+"""Stage 3, context distillation: train a LoRA so the original short config behaves like the evolved one.
+
+Importing this package loads no torch, TRL or rollout engine (run configs read ``autoevolve.stages.distill.settings``);
+the trainers import those when they run.
+"""
+
+from autoevolve.stages.distill.dataset import build_dataset, native_tools, render_examples, tokenize_with_assistant_mask
+from autoevolve.stages.distill.fit import TrainResult
+from autoevolve.stages.distill.settings import DPOSettings, GRPOSettings, SFTSettings, TrainSettings
+from autoevolve.stages.distill.sft import train_sft
+
+__all__ = [
+    "DPOSettings",
+    "GRPOSettings",
+    "SFTSettings",
+    "TrainResult",
+    "TrainSettings",
+    "build_dataset",
+    "native_tools",
+    "render_examples",
+    "tokenize_with_assistant_mask",
+    "train_sft",
+]

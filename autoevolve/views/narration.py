@@ -1,0 +1,36 @@
+"""What a run tells the person watching it: one logger, printed plainly on the terminal.
+
+Narration (a stage loaded from the store, the round's plan, the 2x2 at the end) goes to the logger
+``autoevolve.views.narration``. Its own handler prints each message as it is, on the current standard output; it does not
+propagate, so nothing prints twice where the root logger has a console handler (Prefect's does). ``flows`` adds
+Prefect's API handler to it, so the logs of a flow or task run, in the UI or from a deployed worker, hold the same
+lines a terminal shows.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+log = logging.getLogger("autoevolve.views.narration")
+
+
+class TerminalHandler(logging.Handler):
+    """Prints each record's message to ``sys.stdout`` as it is at the time (a test's capture, a redirected file)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(record.getMessage(), file=sys.stdout, flush=True)
+        except Exception:  # a closed stream must not break a run
+            self.handleError(record)
+
+
+if not any(isinstance(h, TerminalHandler) for h in log.handlers):
+    log.addHandler(TerminalHandler())
+log.setLevel(logging.INFO)
+log.propagate = False
+
+
+def say(text: str) -> None:
+    """Tell the person watching the run: on the terminal, and in the run's logs inside a Prefect run."""
+    log.info(text)
