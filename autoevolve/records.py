@@ -219,6 +219,28 @@ class TaskPlan(Record):
     why: str = Field(default="", description="How the tiers and tasks were chosen, in words.")
 
 
+class TrainResult(BaseModel):
+    """What a training run of stage 3 produced (train_result.json beside the adapter)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="Folder of the saved PEFT adapter.")
+    steps: int = Field(description="Optimiser steps taken.")
+    train_loss: float = Field(description="Mean training loss over all steps (the Trainer's train_loss).")
+    first_loss: float = Field(description="Loss logged at the first step.")
+    last_loss: float = Field(description="Loss logged at the last step.")
+    seconds: float = Field(description="Wall time of the run, loading and saving included.")
+    examples: int = Field(description="Examples trained on (those with an assistant token within max_length).")
+    tokens: int = Field(default=0, description="Tokens trained on over all epochs, padding excluded.")
+    train_seconds: float = Field(default=0.0, description="Seconds in the training loop (no loading or saving).")
+    first_reward: float | None = Field(default=None, description="GRPO: mean reward of the first step's replies.")
+    last_reward: float | None = Field(default=None, description="GRPO: mean reward of the last step's replies.")
+    dev_by_epoch: dict[str, float] = Field(
+        default_factory=dict, description="With epoch_grid: the dev score after each epoch judged, by epoch."
+    )
+    epochs: float | None = Field(default=None, description="With epoch_grid: the epoch whose adapter was kept.")
+
+
 AdapterStatus = Literal["candidate", "promoted", "rejected", "retired"]
 
 

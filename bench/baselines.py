@@ -198,7 +198,7 @@ def judge(policy: Any, config: Any, arm: str, store: Any) -> Any:
 def train(policy: Any, config: Any, arm: str, examples: list[list[dict]], steps: int) -> Any:
     """LoRA SFT from the base with the config's distill settings: the length chosen on dev with
     ``distill.epoch_grid``, else ``steps`` optimiser steps (the loop's). Read back if this arm trained before."""
-    from autoevolve.stages.distill import TrainResult
+    from autoevolve.records import TrainResult
     from autoevolve.stages.distill.dataset import native_tools
     from autoevolve.stages.distill.sft import train_sft
     from autoevolve.store import Store

@@ -67,7 +67,7 @@ def start(config: Path, kill_after: str | None = None, count: int = 1) -> tuple[
 
 def landed(folder: Path, code: int, marker: str, aim: str) -> None:
     """Check that a kill landed where it was aimed: by SIGKILL, inside stage ``aim`` (the one before finished)."""
-    from autoevolve.loop import STAGES
+    from autoevolve.stages.pipeline import STAGES
     from autoevolve.store import Store
 
     if code != -signal.SIGKILL:

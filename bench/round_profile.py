@@ -22,8 +22,9 @@ from _shared import write_json
 
 from autoevolve import loop, model
 from autoevolve.config import load_config
-from autoevolve.loop import STAGES
+from autoevolve.stages import pipeline
 from autoevolve.stages.distill import fit
+from autoevolve.stages.pipeline import STAGES
 from autoevolve.views.twobytwo import CELLS, SHORT_LABELS, score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,11 +60,11 @@ def main() -> None:
         stats = getattr(r.bench.policy, "decoder", None)
         rows = [_row("open", 0.0, {}, {}, loads, None)]
         for stage in STAGES:
-            if stage not in ("plan", "evolve", "select") and not loop.result(r, "select").items:
+            if stage not in ("plan", "evolve", "select") and not pipeline.result(r, "select").items:
                 break
             before, loaded = _stats(stats), (loads.count, loads.seconds)
-            loop.run_stage(r, stage)
-            train = loop.result(r, "distill").train if stage == "distill" else None
+            pipeline.run_stage(r, stage)
+            train = pipeline.result(r, "distill").train if stage == "distill" else None
             rows.append(_row(stage, r.seconds[stage], before, _stats(stats), loads, train, loaded))
         report = loop.finish_round(r)
         r.bench.store.close()

@@ -36,6 +36,8 @@ from autoevolve.config import RunConfig, load_config
 from autoevolve.harness.hcp import diff
 from autoevolve.harness.workbench import Progress
 from autoevolve.records import EvalReport
+from autoevolve.round import Round
+from autoevolve.stages import pipeline
 from autoevolve.views.markdown import candidate_rows, round_markdown
 from autoevolve.views.narration import say
 from autoevolve.views.twobytwo import format_table
@@ -59,33 +61,33 @@ policy_stage = task(
 
 
 @policy_stage
-def plan_stage(r: loop.Round):
+def plan_stage(r: Round):
     """The round's tasks: tiers in play and train tasks from the live adapter's frontier."""
-    return loop.run_stage(r, "plan")
+    return pipeline.run_stage(r, "plan")
 
 
 @policy_stage
-def evolve_stage(r: loop.Round):
+def evolve_stage(r: Round):
     """Stage 1: prompt evolution."""
-    return loop.run_stage(r, "evolve")
+    return pipeline.run_stage(r, "evolve")
 
 
 @policy_stage
-def select_stage(r: loop.Round):
+def select_stage(r: Round):
     """Stage 2: trajectory selection."""
-    return loop.run_stage(r, "select")
+    return pipeline.run_stage(r, "select")
 
 
 @stage
-def distill_stage(r: loop.Round):
+def distill_stage(r: Round):
     """Stage 3: context distillation into the expert's LoRA, here or on the deployment ``distill.deployment`` names."""
     name = r.config.distill.deployment
-    if name is None or loop.finished(r, "distill"):
-        return loop.run_stage(r, "distill")
+    if name is None or pipeline.finished(r, "distill"):
+        return pipeline.run_stage(r, "distill")
     return remote_stage(r, "distill", name)
 
 
-def remote_stage(r: loop.Round, name: str, deployment: str) -> Any:
+def remote_stage(r: Round, name: str, deployment: str) -> Any:
     """Run a stage as a flow run of a deployment (a worker elsewhere) and load the result it stored."""
     r.bench.store.close()  # the worker opens the DuckDB file, and DuckDB allows one writing process at a time
     parameters = {"config": json.loads(r.config.model_dump_json()), "round": r.bench.round}
@@ -108,13 +110,13 @@ def remote_stage(r: loop.Round, name: str, deployment: str) -> Any:
             f"stage {name} on deployment {deployment!r} did not complete: flow run {run.name} ({run.id}) is {what}"
         )
     loop.reopen(r)
-    return loop.result(r, name)
+    return pipeline.result(r, name)
 
 
 @policy_stage
-def gate_stage(r: loop.Round):
+def gate_stage(r: Round):
     """The promotion gate on dev tasks."""
-    return loop.run_stage(r, "gate")
+    return pipeline.run_stage(r, "gate")
 
 
 class Approval(RunInput):
@@ -124,7 +126,7 @@ class Approval(RunInput):
     note: str = ""
 
 
-def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
+def approval(r: Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
     """Wait for a person to approve the promotion (Prefect UI, or resume_flow_run with run_input).
 
     Under a deployment the top flow run is suspended: its process exits and frees the worker, and resuming it
@@ -147,7 +149,7 @@ def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
         if given is None:
             again = suspend_flow_run(wait_for_input=ask, flow_run_id=deployed, timeout=s.approval_timeout_s, key=key)
             if again is not None:  # this suspension fired before, and the run went on without an answer
-                return loop.declined(r, dev, "resumed without an answer")
+                return pipeline.declined(r, dev, "resumed without an answer")
             # Prefect keeps the form on the calling (sub)flow run; resuming reads it from the suspended one.
             ask.save(keyset, flow_run_id=deployed)
             say(f"suspended flow run {deployed} for approval of the promotion (resume it with an answer)")
@@ -159,9 +161,9 @@ def approval(r: loop.Round, dev: EvalReport, poll_s: int = 10) -> EvalReport:
         try:
             answer = pause_flow_run(wait_for_input=ask, timeout=s.approval_timeout_s, poll_interval=poll_s)
         except FlowPauseTimeout:
-            return loop.declined(r, dev, f"no answer within {s.approval_timeout_s} s")
+            return pipeline.declined(r, dev, f"no answer within {s.approval_timeout_s} s")
     if not answer.approve:
-        return loop.declined(r, dev, f"declined{': ' + answer.note if answer.note else ''}")
+        return pipeline.declined(r, dev, f"declined{': ' + answer.note if answer.note else ''}")
     return dev
 
 
@@ -174,15 +176,15 @@ def deployed_root() -> UUID | None:
 
 # Idempotent too: a version that is live already is not promoted (nor its hooks fired) a second time.
 @task(cache_policy=NONE, retries=2, retry_delay_seconds=10)
-def decide_stage(r: loop.Round, dev: EvalReport | None = None):
+def decide_stage(r: Round, dev: EvalReport | None = None):
     """Promote or reject in the registry; promotion hooks tell the serving fleet."""
-    return loop.run_stage(r, "decide", dev)
+    return pipeline.run_stage(r, "decide", dev)
 
 
 @policy_stage
-def report_stage(r: loop.Round):
+def report_stage(r: Round):
     """The held-out 2x2 on test tasks."""
-    return loop.run_stage(r, "report")
+    return pipeline.run_stage(r, "report")
 
 
 @flow(name="autoevolve-round")
@@ -194,14 +196,14 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
         if loop.round_report(r.bench.store, r.bench.run_id, r.bench.round) is not None:
             return loop.run_round(r)  # finished before: its report
         report = loop.run_round(r, step=as_task, approve=approval)
-        changes = diff(r.original, loop.result(r, "evolve").best)
+        changes = diff(r.original, pipeline.result(r, "evolve").best)
     finally:
         r.bench.store.close()
     publish(r, report, changes)
     if "eval" not in report:  # nothing to distil: the report says so instead of training on nothing
         say(f"no rollout of the evolved configs beat the original: nothing to distil ({r.run_dir})")
         return report
-    test, dev = loop.result(r, "report"), loop.result(r, "decide").dev
+    test, dev = pipeline.result(r, "report"), pipeline.result(r, "decide").dev
     say(format_table(test))
     say(f"gate (dev): {dev.decision}: {dev.reason}")
     if test.retention is not None:
@@ -210,7 +212,7 @@ def round_flow(config: RunConfig, round: int | None = None) -> dict[str, Any]:
     return report
 
 
-def as_task(r: loop.Round, stage: str, *args: Any) -> Any:
+def as_task(r: Round, stage: str, *args: Any) -> Any:
     """``loop.run_round``'s step: run a stage as its Prefect task."""
     return STAGE_TASKS[stage](r, *args)
 
@@ -229,13 +231,13 @@ STAGE_TASKS = {
 # -- artifacts: what a round shows in the Prefect UI ----------------------------------------------------------------
 
 
-def artifact_key(r: loop.Round) -> str:
+def artifact_key(r: Round) -> str:
     """``autoevolve-<run>-round-<n>``; Prefect keys allow lowercase letters, digits and dashes only."""
     run = re.sub(r"[^a-z0-9-]+", "-", r.bench.run_id.lower()).strip("-")
     return f"autoevolve-{run}-round-{r.bench.round}"
 
 
-def publish(r: loop.Round, report: dict[str, Any], changes: str) -> None:
+def publish(r: Round, report: dict[str, Any], changes: str) -> None:
     """The round's report as a Markdown artifact and its stage-1 candidates as a table artifact."""
     key, where = artifact_key(r), f"run {r.bench.run_id}, round {r.bench.round}"
     create_markdown_artifact(round_markdown(report, changes), key=key, description=f"Round report ({where})")

@@ -14,13 +14,14 @@ from prefect import flow
 
 from autoevolve import loop
 from autoevolve.config import RunConfig, load_config
+from autoevolve.stages import pipeline
 
 
 def run_one(config: RunConfig, stage: str, round: int) -> dict[str, Any]:
     """Open the round, run (or load) one stage, close the store; returns what the stage recorded."""
     r = loop.open_round(config, round=round)
     try:
-        loop.run_stage(r, stage)
+        pipeline.run_stage(r, stage)
         found = r.bench.store.stage_result(r.bench.run_id, round, stage)
     finally:
         r.bench.store.close()

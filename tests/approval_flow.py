@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prefect import flow
 
-from autoevolve import loop
 from autoevolve.config import load_config
 from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Cell, EvalReport
+from autoevolve.round import Round
 from autoevolve.store import Store
 from autoevolve_flows.round import approval
 from tests.stages.test_select import NoCalls
@@ -33,7 +33,7 @@ def ask(config_path: str, log: str) -> str:
         out.write("asked\n")
     with Store(config.store) as store:
         bench = Workbench(NoCalls(), LifeEnv(tiers=(1,)), store, run_id=str(config.run_id), progress=None)
-        r = loop.Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=None)
+        r = Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=None)
         return approval(r, gate_report(str(config.run_id))).decision
 
 

@@ -203,10 +203,10 @@ def test_a_tag_concurrency_limit_holds_a_slot_while_a_policy_stage_runs(
 ) -> None:
     from prefect.client.orchestration import get_client
 
-    from autoevolve import loop
+    from autoevolve.stages import pipeline
     from autoevolve_flows.round import POLICY_TAG, round_flow
 
-    seen, run_stage = [], loop.run_stage
+    seen, run_stage = [], pipeline.run_stage
 
     def watched(r, stage, *args):  # noqa: ANN001, ANN202
         # The server records a slot shortly after the task run enters Running: look for up to 5 s before the stage.
@@ -219,7 +219,7 @@ def test_a_tag_concurrency_limit_holds_a_slot_while_a_policy_stage_runs(
         seen.append((stage, slots))
         return run_stage(r, stage, *args)
 
-    monkeypatch.setattr(loop, "run_stage", watched)
+    monkeypatch.setattr(pipeline, "run_stage", watched)
     with get_client(sync_client=True) as client:
         client.create_concurrency_limit(tag=POLICY_TAG, concurrency_limit=1)  # `prefect concurrency-limit create`
     time.sleep(5.5)  # a process that ran tagged tasks before caches "no limit for this tag" for 5 s

@@ -91,7 +91,7 @@ def test_approval_pauses_the_flow_until_a_person_answers(
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
-    from autoevolve import loop
+    from autoevolve.round import Round
     from autoevolve_flows.round import approval
     from tests.approval_flow import gate_report
     from tests.stages.test_select import NoCalls
@@ -101,7 +101,7 @@ def test_approval_pauses_the_flow_until_a_person_answers(
     dev = gate_report("tiny")
     with Store(tmp_path / "s.duckdb") as store:
         bench = Workbench(NoCalls(), LifeEnv(tiers=(1,)), store, run_id="tiny", progress=None)
-        r = loop.Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=None)
+        r = Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=None)
         ids, results = [], []
 
         @flow

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from autoevolve import loop
 from autoevolve.config import load_config
 from autoevolve.records import Candidate, Trajectory
+from autoevolve.stages import pipeline
 from autoevolve.stages.evolve import train_tasks
 from autoevolve.store import TRAJ_KEY, Store
 from tests.stages.test_select import NoCalls
@@ -179,7 +180,7 @@ def _prepared_store(config_path: Path) -> None:
                 )
             )
         store.put_stage("resume", 0, "evolve", {"best": evolved.id, "budget": {}}, 1.0)
-        assert len(loop.run_stage(r, "select").items) == 12
+        assert len(pipeline.run_stage(r, "select").items) == 12
     finally:
         r.bench.store.close()
 
@@ -229,6 +230,6 @@ def test_a_stage_run_before_its_inputs_names_what_is_missing(tmp_path: Path, tin
     r = loop.open_round(config, policy=NoCalls(), round=0)
     try:
         with pytest.raises(LookupError, match=r"run resume round 0: stage '(evolve|distill)' has not finished"):
-            loop.run_stage(r, stage)
+            pipeline.run_stage(r, stage)
     finally:
         r.bench.store.close()

@@ -139,7 +139,8 @@ class Decoder:
 
         Rows may start from keys and values stored by earlier calls with the same ``cache_key`` (see
         ``autoevolve.policy.kvstore``); None: from the shared-prefix cache only. A row with a guide (see
-        ``autoevolve.policy.grammar.Guide``) picks only tokens its grammar allows; guides turn prompt-lookup guessing off.
+        ``autoevolve.policy.grammar.Guide``) picks only tokens its grammar allows; guides turn prompt-lookup guessing
+        off.
         ``kv_adapter`` (an adapter's name, None for the bare base): take the prompt's stored keys and values from
         what that adapter computed instead of this one's (an approximation: they depend on the weights; nothing
         computed so is stored).

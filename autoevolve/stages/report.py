@@ -12,8 +12,8 @@ from autoevolve.views.twobytwo import CELLS, GRAMMAR, SHORT_LABELS, score
 
 if TYPE_CHECKING:  # types only: reading reports needs no engine
     from autoevolve.config import RunConfig
-    from autoevolve.loop import Round
-    from autoevolve.stages.distill import TrainResult
+    from autoevolve.records import TrainResult
+    from autoevolve.round import Round
     from autoevolve.stages.evolve import EvolveResult
 
 

@@ -22,6 +22,7 @@ from collections import defaultdict
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, SelectedTrajectory, Selection, Task, Trajectory
+from autoevolve.stages.settings import SelectSettings
 from autoevolve.stats import mean
 
 
@@ -30,23 +31,20 @@ def select(
     original: HCPConfig,
     evolved: list[HCPConfig],
     tasks: list[Task],
+    settings: SelectSettings | None = None,
     *,
     adapter: str = "",
-    margin: float = 0.0,
-    min_reward: float = 0.0,
-    samples: int = 1,
-    max_per_task: int = 1,
-    tier_ratio: float | None = None,
     sampled: dict[int, HCPConfig] | None = None,
-    best_of: int = 1,
 ) -> Selection:
     """Pair rollouts per task and keep the evolved ones that beat the original's (see the module docstring).
 
     ``evolved`` lists the configs whose rollouts may be kept, best first: the best config is rolled out on
-    every task ``samples`` times; rollouts of the others already in the store (from the search) are used as
-    they are; ``sampled`` (tier -> config, if given) is rolled out ``best_of`` times on that tier's unsolved
-    tasks. A kept rollout must reach ``min_reward``: partial successes would teach the adapter their mistakes.
+    every task ``settings.samples`` times; rollouts of the others already in the store (from the search) are used as
+    they are; ``sampled`` (tier -> config, if given) is rolled out ``settings.best_of`` times on that tier's unsolved
+    tasks. A kept rollout must reach ``settings.min_reward``: partial successes would teach the adapter their mistakes.
     """
+    s = settings or SelectSettings()
+    samples, best_of = s.samples, s.best_of
     baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select", samples=samples))
     pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=samples)]
     ids = [t.id for t in tasks]
@@ -62,13 +60,13 @@ def select(
     tiers = {t.id: t.tier for t in tasks}
     kept: list[tuple[Trajectory, Trajectory]] = []
     for task_id, base in sorted(baseline.items()):
-        bar = mean([t.reward for t in base]) + margin
+        bar = mean([t.reward for t in base]) + s.margin
         winners = [trajs[task_id] for trajs in by_config if mean([t.reward for t in trajs.get(task_id, [])]) > bar]
         wins = [t for trajs in winners for t in trajs]  # a config wins by its mean: one lucky sample is not a win
         wins += [t for t in draws.get(task_id, []) if t.reward > bar]  # a rejection sample wins on its own
         worst = min(base, key=lambda t: t.reward)  # first of equals
-        kept += [(t, worst) for t in _best_distinct(wins, min_reward, max_per_task)]
-    kept = _balance(kept, tiers, tier_ratio)
+        kept += [(t, worst) for t in _best_distinct(wins, s.min_reward, s.max_per_task)]
+    kept = _balance(kept, tiers, s.tier_ratio)
     items = [_item(win, base) for win, base in kept]
     selection = Selection(
         id=_selection_id(bench.run_id, bench.round, items),

@@ -115,9 +115,9 @@ class EvolveSettings(Section):
 
 
 class LabelSettings(Section):
-    """The labelled set (``autoevolve.stages.labels``): how many train tasks carry reference solutions, and what the loop
-    does with them. Without this section every train task's reference may be shown as a demo and none is trained on.
-    """
+    """The labelled set (``autoevolve.stages.labels``): how many train tasks carry reference solutions, and what the
+    loop does with them. Without this section every train task's reference may be shown as a demo and none is trained
+    on."""
 
     budget: int = Field(
         ge=0,

@@ -78,7 +78,7 @@ def _report(store: Store, run_id: str, round: int, split: str) -> EvalReport | N
 
 
 def evaluation(store: Store, run_id: str, round: int, split: str = "test") -> EvalReport:
-    """The stored evaluation of one round and split (``autoevolve.views.twobytwo.format_table`` prints it as the 2x2)."""
+    """The stored evaluation of one round and split (``views.twobytwo.format_table`` prints it as the 2x2)."""
     report = _report(store, run_id, round, split)
     if report is None:
         raise LineageError(f"no {split} evaluation for run {run_id!r} round {round} in {store.path}")

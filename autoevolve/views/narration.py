@@ -1,8 +1,8 @@
 """What a run tells the person watching it: one logger, printed plainly on the terminal.
 
 Narration (a stage loaded from the store, the round's plan, the 2x2 at the end) goes to the logger
-``autoevolve.views.narration``. Its own handler prints each message as it is, on the current standard output; it does not
-propagate, so nothing prints twice where the root logger has a console handler (Prefect's does). ``flows`` adds
+``autoevolve.narration``. Its own handler prints each message as it is, on the current standard output; it does
+not propagate, so nothing prints twice where the root logger has a console handler (Prefect's does). ``flows`` adds
 Prefect's API handler to it, so the logs of a flow or task run, in the UI or from a deployed worker, hold the same
 lines a terminal shows.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
-log = logging.getLogger("autoevolve.views.narration")
+log = logging.getLogger("autoevolve.narration")  # the name deployed runs log under
 
 
 class TerminalHandler(logging.Handler):

@@ -20,7 +20,7 @@ from autoevolve.stats import hierarchical_ci, holm
 from autoevolve.store import Store
 from tests.stages.test_select import NoCalls
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,9 @@ def test_a_budget_takes_every_stratum_in_turn_and_a_smaller_one_lies_inside_a_la
 def test_references_of_the_labelled_set_and_the_config_that_shows_them(life: LifeEnv) -> None:
     tasks = labels.labelled_tasks(life, 4, seed=0)
     refs = labels.references(life, tasks)
-    assert list(refs) == [t.id for t in tasks] and all(m[0].content == t.request for t, m in zip(tasks, refs.values()))
+    assert list(refs) == [t.id for t in tasks] and all(
+        m[0].content == t.request for t, m in zip(tasks, refs.values(), strict=True)
+    )
     original = HCPConfig.from_yaml(ROOT / "prompts/life.yaml")
     shown = labels.demos_config(original, refs, k=2, style="first_call")
     assert [d.task_id for d in shown.demos.items] == list(refs) and shown.id != original.id

@@ -10,14 +10,16 @@ import pytest
 from autoevolve import loop
 from autoevolve.config import load_config
 from autoevolve.records import Candidate, TaskPlan
+from autoevolve.round import Round
+from autoevolve.stages import pipeline
 from autoevolve.stages import plan as curriculum
 from autoevolve.stages.evolve import EvolveResult
 from tests.stages.test_select import NoCalls
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _round(tmp_path: Path, model_dir: Path, new_tier_demos: int) -> loop.Round:
+def _round(tmp_path: Path, model_dir: Path, new_tier_demos: int) -> Round:
     path = tmp_path / "run.yaml"
     path.write_text(
         f"run_id: t\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"
@@ -32,7 +34,7 @@ def _round(tmp_path: Path, model_dir: Path, new_tier_demos: int) -> loop.Round:
     return r
 
 
-def _evolved(r: loop.Round, tier2_of_tool_child: float, tier1_of_demos_child: float = 1.0) -> EvolveResult:
+def _evolved(r: Round, tier2_of_tool_child: float, tier1_of_demos_child: float = 1.0) -> EvolveResult:
     """The original (tier 1: 0.5), a demos child best on tier 1 (1.0) and a tool child that scores only on tier 2."""
     dev = curriculum.split_tasks(r.bench, "dev", [1, 2], 8)
     demos = r.original.model_copy(update={"name": "demos", "system_prompt": r.original.system_prompt + " Be brief."})
@@ -57,7 +59,7 @@ def _evolved(r: loop.Round, tier2_of_tool_child: float, tier1_of_demos_child: fl
 def test_each_tier_samples_under_the_config_best_on_its_own_dev_tasks(tmp_path, tiny_model_dir, new_tier_demos):
     r = _round(tmp_path, tiny_model_dir, new_tier_demos)
     try:
-        chosen = loop.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.5))
+        chosen = pipeline.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.5))
     finally:
         r.bench.store.close()
     assert chosen[1].name == "demos-sampled" and chosen[2].name == "tool-sampled"  # a tier-2 score wins over demos
@@ -67,8 +69,8 @@ def test_each_tier_samples_under_the_config_best_on_its_own_dev_tasks(tmp_path, 
 def test_a_tier_no_config_scores_on_is_sampled_with_its_own_references_as_demos(tmp_path, tiny_model_dir):
     r = _round(tmp_path, tiny_model_dir, new_tier_demos=3)
     try:
-        chosen = loop.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.0))
-        tier2 = [t for t in curriculum.train_of(r.bench, loop.task_plan(r), 12) if t.tier == 2]
+        chosen = pipeline.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.0))
+        tier2 = [t for t in curriculum.train_of(r.bench, pipeline.task_plan(r), 12) if t.tier == 2]
         references = [r.bench.env.reference(t) for t in tier2]
     finally:
         r.bench.store.close()
@@ -84,7 +86,7 @@ def test_a_tier_no_config_scores_on_is_sampled_with_its_own_references_as_demos(
 def test_without_new_tier_demos_a_tier_nothing_scores_on_takes_the_best_config(tmp_path, tiny_model_dir):
     r = _round(tmp_path, tiny_model_dir, new_tier_demos=0)
     try:
-        chosen = loop.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.0))
+        chosen = pipeline.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.0))
     finally:
         r.bench.store.close()
     assert chosen[2].name == "demos-sampled" and not chosen[2].demos.items
@@ -93,7 +95,7 @@ def test_without_new_tier_demos_a_tier_nothing_scores_on_takes_the_best_config(t
 def test_a_tier_where_the_original_stays_best_is_sampled_with_its_own_references(tmp_path, tiny_model_dir):
     r = _round(tmp_path, tiny_model_dir, new_tier_demos=3)
     try:
-        chosen = loop.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.5, tier1_of_demos_child=0.5))
+        chosen = pipeline.best_per_tier(r, _evolved(r, tier2_of_tool_child=0.5, tier1_of_demos_child=0.5))
     finally:
         r.bench.store.close()
     assert chosen[2].name == "tool-sampled"  # tier 2: the tool child beats the original there

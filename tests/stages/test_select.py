@@ -7,6 +7,7 @@ from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, Trajectory
 from autoevolve.stages.select import preference_pairs, select, selected_trajectories
+from autoevolve.stages.settings import SelectSettings
 from autoevolve.store import Store
 
 
@@ -47,10 +48,10 @@ def test_keeps_wins_over_the_original_on_the_same_task(tmp_path) -> None:
         for config, column in ((original, 0), (best, 1), (other, 2)):
             store.put_trajectories([_traj(config, t, r[column]) for t, r in rewards.items()])
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        selection = select(bench, original, [best, other], tasks, min_reward=1.0)
+        selection = select(bench, original, [best, other], tasks, SelectSettings(min_reward=1.0))
         kept = selected_trajectories(bench, selection)
         assert store.selection(selection.id) == selection
-        loose = select(bench, original, [best, other], tasks, margin=0.0, min_reward=0.0)
+        loose = select(bench, original, [best, other], tasks, SelectSettings(margin=0.0, min_reward=0.0))
     assert [(i.task_id, i.hcp_id, i.baseline_reward) for i in selection.items] == [
         (tasks[0].id, best.id, 0.0),
         (tasks[1].id, other.id, 0.5),
@@ -88,8 +89,10 @@ def test_means_over_samples_decide_and_duplicates_are_dropped(tmp_path) -> None:
         _put(store, original, t1.id, [0.0, 0.0])
         _put(store, best, t1.id, [1.0, 1.0])  # two distinct wins
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        one = select(bench, original, [best, other], [t0, t1], samples=2, min_reward=1.0)
-        two = select(bench, original, [best, other], [t0, t1], samples=2, min_reward=1.0, max_per_task=2)
+        one = select(bench, original, [best, other], [t0, t1], SelectSettings(samples=2, min_reward=1.0))
+        two = select(
+            bench, original, [best, other], [t0, t1], SelectSettings(samples=2, min_reward=1.0, max_per_task=2)
+        )
         pairs = preference_pairs(bench, two)
     assert [(i.task_id, i.hcp_id, i.sample) for i in one.items] == [(t0.id, other.id, 0), (t1.id, best.id, 0)]
     assert [(i.task_id, i.hcp_id, i.sample) for i in two.items] == [
@@ -116,8 +119,8 @@ def test_no_tier_dominates_the_selection(tmp_path) -> None:
             _put(store, original, task.id, [base])
             _put(store, best, task.id, [1.0])
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        capped = select(bench, original, [best], [*ones, two], min_reward=1.0, tier_ratio=2.0)
-        free = select(bench, original, [best], [*ones, two], min_reward=1.0, tier_ratio=None)
+        capped = select(bench, original, [best], [*ones, two], SelectSettings(min_reward=1.0, tier_ratio=2.0))
+        free = select(bench, original, [best], [*ones, two], SelectSettings(min_reward=1.0, tier_ratio=None))
     assert len(free.items) == 5
     # Tier 2 kept one item, so tier 1 keeps 2: the two largest gains (baseline 0.0, not 0.5).
     assert sorted(i.task_id for i in capped.items) == sorted([ones[1].id, ones[3].id, two.id])
@@ -134,7 +137,7 @@ def test_a_hard_tier_is_never_cut_for_an_easy_one(tmp_path) -> None:
             _put(store, original, task.id, [0.0])
             _put(store, best, task.id, [1.0])
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        capped = select(bench, original, [best], [one, *twos], min_reward=1.0, tier_ratio=2.0)
+        capped = select(bench, original, [best], [one, *twos], SelectSettings(min_reward=1.0, tier_ratio=2.0))
     # Tier 1 won once; tier 2's four wins are all kept (tier 1 would be capped at 2 x 4).
     assert sorted(i.task_id for i in capped.items) == sorted(t.id for t in [one, *twos])
 
@@ -153,7 +156,9 @@ def test_best_of_samples_win_one_by_one_on_unsolved_tasks_with_new_numbers_each_
         # Round 1 of best-of-2 asks for samples 2 and 3 (round 0 had 0 and 1); only 3 solves the task.
         _put(store, sampled, t0.id, [1.0, 1.0, 0.0, 1.0], texts=["r0-a", "r0-b", "r1-a", "r1-b"])
         bench = Workbench(NoCalls(), env, store, run_id="r", round=1, progress=None)
-        selection = select(bench, original, [best], [t0, t1], sampled={1: sampled}, best_of=2, min_reward=1.0)
+        selection = select(
+            bench, original, [best], [t0, t1], SelectSettings(best_of=2, min_reward=1.0), sampled={1: sampled}
+        )
     assert [(i.task_id, i.hcp_id, i.sample, i.baseline_reward) for i in selection.items] == [
         (t0.id, sampled.id, 3, 0.0)
     ]
@@ -174,5 +179,7 @@ def test_each_tier_is_sampled_under_its_own_config(tmp_path) -> None:
         _put(store, opener, t2.id, [1.0])  # no sample of best exists on t2: asking for one would fail
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         sampled = {1: best.sampled(0.7), 2: opener}
-        selection = select(bench, original, [best], [t1, t2], sampled=sampled, best_of=1, min_reward=1.0)
+        selection = select(
+            bench, original, [best], [t1, t2], SelectSettings(best_of=1, min_reward=1.0), sampled=sampled
+        )
     assert [(i.task_id, i.hcp_id) for i in selection.items] == [(t1.id, best.sampled(0.7).id), (t2.id, opener.id)]

@@ -69,6 +69,7 @@ def test_a_store_held_by_a_running_round_is_read_from_its_snapshot(searched) -> 
 def test_selections_lists_items_and_preference_pairs(env, original, tmp_path) -> None:
     from autoevolve.harness.workbench import Workbench
     from autoevolve.stages.select import select
+    from autoevolve.stages.settings import SelectSettings
 
     path = tmp_path / "s.duckdb"
     train = [t for t in env.tasks("train") if t.goal["kind"] == "table"][:3]
@@ -76,7 +77,7 @@ def test_selections_lists_items_and_preference_pairs(env, original, tmp_path) ->
     with Store(path) as store:
         store.put_run("r", {})
         bench = Workbench(DemoLearner(env), env, store, run_id="r", progress=None)
-        selection = select(bench, original, [evolved], train, min_reward=1.0)
+        selection = select(bench, original, [evolved], train, SelectSettings(min_reward=1.0))
     done = _cli("selections", "r", "--store", str(path))
     assert done.returncode == 0, done.stderr
     header, row = done.stdout.splitlines()

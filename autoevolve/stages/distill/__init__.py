@@ -4,8 +4,8 @@ Importing this package loads no torch, TRL or rollout engine (run configs read `
 the trainers import those when they run.
 """
 
+from autoevolve.records import TrainResult
 from autoevolve.stages.distill.dataset import build_dataset, native_tools, render_examples, tokenize_with_assistant_mask
-from autoevolve.stages.distill.fit import TrainResult
 from autoevolve.stages.distill.settings import DPOSettings, GRPOSettings, SFTSettings, TrainSettings
 from autoevolve.stages.distill.sft import train_sft
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from autoevolve.harness.hcp import HCPConfig
-from autoevolve.records import Task, Trajectory
+from autoevolve.records import Task, TrainResult, Trajectory
 from autoevolve.stages.distill.dataset import assistant_mask, prompt_ids, render_examples
-from autoevolve.stages.distill.fit import Judge, TrainResult, fit, trainer_args
+from autoevolve.stages.distill.fit import Judge, fit, trainer_args
 from autoevolve.stages.distill.settings import DPOSettings, TrainSettings
 
 

@@ -17,8 +17,8 @@ from autoevolve.envs import Environment
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.rollout import score_reply
 from autoevolve.model import chat_text
-from autoevolve.records import Message, Task
-from autoevolve.stages.distill.fit import Judge, TrainResult, fit, trainer_args
+from autoevolve.records import Message, Task, TrainResult
+from autoevolve.stages.distill.fit import Judge, fit, trainer_args
 from autoevolve.stages.distill.settings import GRPOSettings, TrainSettings
 
 

@@ -1,6 +1,7 @@
 """LoRA SFT on distillation examples with TRL: loss on assistant tokens only, a batch's shared prompt run once.
 
-The training loop itself (the fresh base, the LoRA, saving) is ``autoevolve.stages.distill.fit``'s, shared by every trainer.
+The training loop itself (the fresh base, the LoRA, saving) is ``autoevolve.stages.distill.fit``'s, shared by every
+trainer.
 """
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autoevolve.records import TrainResult
 from autoevolve.stages.distill.compact import compact_sft_trainer
 from autoevolve.stages.distill.dataset import build_dataset
-from autoevolve.stages.distill.fit import Judge, TrainResult, fit, progress_callback, trainer_args
+from autoevolve.stages.distill.fit import Judge, fit, progress_callback, trainer_args
 from autoevolve.stages.distill.settings import SFTSettings, TrainSettings
 
 

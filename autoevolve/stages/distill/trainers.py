@@ -21,10 +21,10 @@ from typing import Protocol
 from autoevolve.config import DistillSettings
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
-from autoevolve.records import Message, Selection, Task, Trajectory
+from autoevolve.records import Message, Selection, Task, TrainResult, Trajectory
 from autoevolve.stages.distill.dataset import native_tools, render_examples
 from autoevolve.stages.distill.dpo import preference_examples, train_dpo
-from autoevolve.stages.distill.fit import Judge, TrainResult
+from autoevolve.stages.distill.fit import Judge
 from autoevolve.stages.distill.grpo import train_grpo
 from autoevolve.stages.distill.sft import train_sft
 from autoevolve.stages.select import preference_pairs, selected_trajectories

@@ -10,7 +10,7 @@ from autoevolve.fleet.serving.app import create_app
 from autoevolve.store import Store
 from tests.fleet.serving.helpers import random_adapter, running
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_round_with_the_openai_backend_runs_against_autoevolve_serve(

@@ -94,8 +94,8 @@ def test_replayed_selections_train_too_and_a_task_keeps_only_its_newest_win(tmp_
 def test_the_live_adapters_lineage_gives_its_selections_newest_first(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from autoevolve.loop import lineage_selections
     from autoevolve.records import AdapterRecord
+    from autoevolve.stages.pipeline import lineage_selections
 
     with Store(tmp_path / "s.duckdb") as store:
         for round in (0, 1):
@@ -135,8 +135,8 @@ def test_rehearsal_adds_the_live_adapters_own_wins_on_tasks_it_already_solves(
 ) -> None:
     from types import SimpleNamespace
 
-    from autoevolve.loop import rehearsed
     from autoevolve.records import TaskPlan
+    from autoevolve.stages.pipeline import rehearsed
 
     env = LifeEnv(tiers=(1,))
     t0, t1, t2, t3 = env.tasks("train")[:4]
