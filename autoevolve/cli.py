@@ -271,8 +271,8 @@ _SERVE_HELP = (
 
 def _serve(args: argparse.Namespace) -> int:
     """Load the registry's adapters and serve them until interrupted (imported here: only this command needs them)."""
-    from autoevolve.fleet.serving import open_fleet, recorder
     from autoevolve.fleet.serving.app import run_server
+    from autoevolve.fleet.serving.startup import open_fleet, recorder
     from autoevolve.harness.hcp import HCPConfig
     from autoevolve.model import EMBEDDED, base_model_id
     from autoevolve.policy.local import LocalPolicy

@@ -21,7 +21,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator, model
 from autoevolve.envs import Environment, build_env
 from autoevolve.envs.loading import EnvLoadError, factory_of, path_arguments
 from autoevolve.envs.taskfile import PACKAGE_FILE
-from autoevolve.fleet.hooks import HookSettings
+from autoevolve.fleet.registry_settings import RegistrySettings
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import check_name
 from autoevolve.stages.settings import (
@@ -154,26 +154,6 @@ class GateSettings(Section):
         description="Reject if any tier's dev mean (original config) drops by more than this; None: off.",
     )
     guard: GuardSettings | None = Field(default=None, description="Tasks the new adapter must not lose on; None: off.")
-
-
-class RegistrySettings(Section):
-    """What a promotion tells the serving fleet, what happens when that fails, and who approves it."""
-
-    hooks: list[HookSettings] = Field(
-        default_factory=list, description="Fired on every change of the live version: vllm, webhook or command."
-    )
-    retries: int = Field(default=2, ge=0, description="Retries of a failing hook before it counts as failed.")
-    on_hook_failure: Literal["rollback", "keep"] = Field(
-        default="rollback", description="rollback: put the previous version back; keep: stay live, flagged."
-    )
-    approval: bool = Field(
-        default=False,
-        description="Wait for a person to approve before a promotion: a deployed flow run is suspended (its worker "
-        "freed), one started by hand pauses in place (--auto-approve: skip).",
-    )
-    approval_timeout_s: int = Field(
-        default=3600, gt=0, description="Seconds to wait for an answer; then the promotion is not made."
-    )
 
 
 # Docker worker job variables (prefect-docker's `docker` work pool type) that give a flow run's container one GPU.

@@ -344,6 +344,13 @@ class Guard(BaseModel):
         return self.drop <= self.tolerance + 1e-9
 
 
+# The 2x2's cells, '<adapter>_<config>': the adapter live at the round's start A_r ('live'; the bare base model in
+# round 0) and the one the round trained, A_{r+1} ('new'), each under the original and the best evolved config.
+ADAPTERS = ("live", "new")
+CONFIGS = ("original", "evolved")
+CELLS = tuple(f"{a}_{c}" for a in ADAPTERS for c in CONFIGS)  # live_original, live_evolved, new_original, new_evolved
+GRAMMAR = "live_grammar"  # A_r under the original config, decoding under the tool-call grammar (test, when used)
+
 # The 2x2's cell names before they said what they hold: "base" was the live adapter A_r, "adapter" the new A_r+1.
 OLD_CELL_NAMES = {
     "base_original": "live_original",

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from _shared import code_id, paired_gain, write_json  # noqa: E402
 
-from autoevolve.records import renamed_cells  # noqa: E402
-from autoevolve.views.twobytwo import CELLS, SHORT_LABELS, score  # noqa: E402
+from autoevolve.records import CELLS, renamed_cells  # noqa: E402
+from autoevolve.views.twobytwo import SHORT_LABELS, score  # noqa: E402
 
 TIER_BARS = {"1": 0.85, "2": 0.40}  # the served expert after the last round, original config, test
 MAX_TIER_DROP = 0.05

@@ -47,7 +47,8 @@ from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.policy.local import LocalPolicy
 from autoevolve.records import Task
-from autoevolve.stages.evolve import evolve, make_mutators, train_tasks
+from autoevolve.stages.evolve import evolve, make_mutators
+from autoevolve.stages.plan import train_tasks
 from autoevolve.stages.settings import BudgetSettings, EvolveSettings, ReflectionSettings
 from autoevolve.stats import bootstrap_ci, mean
 from autoevolve.store import Store

@@ -22,10 +22,11 @@ from _shared import write_json
 
 from autoevolve import loop, model
 from autoevolve.config import load_config
+from autoevolve.records import CELLS
 from autoevolve.stages import pipeline
 from autoevolve.stages.distill import fit
 from autoevolve.stages.pipeline import STAGES
-from autoevolve.views.twobytwo import CELLS, SHORT_LABELS, score
+from autoevolve.views.twobytwo import SHORT_LABELS, score
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 360.0

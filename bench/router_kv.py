@@ -153,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from autoevolve.envs.life import LifeEnv
-    from autoevolve.fleet.serving import open_fleet
+    from autoevolve.fleet.serving.startup import open_fleet
     from autoevolve.harness.hcp import HCPConfig
     from autoevolve.model import EMBEDDED
     from autoevolve.policy.local import LocalPolicy

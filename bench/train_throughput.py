@@ -24,7 +24,7 @@ from autoevolve.config import load_config
 from autoevolve.records import Trajectory
 from autoevolve.stages.distill import TrainSettings, render_examples, sft, train_sft
 from autoevolve.stages.distill.compact import compact_sft_trainer
-from autoevolve.stages.evolve import train_tasks
+from autoevolve.stages.plan import train_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {  # precision, and whether the compact trainer (else TRL's own SFTTrainer)

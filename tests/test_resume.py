@@ -24,7 +24,7 @@ from autoevolve import loop
 from autoevolve.config import load_config
 from autoevolve.records import Candidate, Trajectory
 from autoevolve.stages import pipeline
-from autoevolve.stages.evolve import train_tasks
+from autoevolve.stages.plan import train_tasks
 from autoevolve.store import TRAJ_KEY, Store
 from tests.stages.test_select import NoCalls
 

@@ -2,8 +2,9 @@
 
 Requests come from three experts' domains: bookings (the life environment's requests, for ``L1-life``), code
 (``L2-code``) and small talk, which the entry expert ``L0-chat`` answers itself. Every task offers the
-``change_model`` tool built from the experts' routing rules, as the router harness does from the registry. With
-``registry`` (a store's path) the tool lists that registry's experts and rules, as ``autoevolve serve`` does. Reward 1
+``change_model`` tool built from the experts' routing rules, as the router harness does from the registry: ``experts``
+(by default the three domains' own), or, registered by name as ``router``, a registry's (``registry``, a store's path;
+``autoevolve.fleet.router.router_env`` reads it), as ``autoevolve serve`` does. Reward 1
 for calling ``change_model`` with the right expert, or, when the entry expert is right, for answering without a
 call; 0 otherwise. One model call per task, so the entry expert's HCP config can be evolved and distilled with the
 same loop as any other expert's.
@@ -16,7 +17,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from autoevolve.fleet.router import CHANGE_MODEL, change_model_tool
+from autoevolve.harness.routing import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.records import Expert, Message, Split, Task, ToolCall
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -62,28 +63,11 @@ CODE_THINGS = [
 SPLIT_ORDER: tuple[Split, ...] = ("train", "dev", "test")
 
 
-def registry_experts(store_path: str) -> list[Expert]:
-    """The experts of a registry, as the served router's ``change_model`` lists them (names, routing rules); the
-    three domains' experts must be among them."""
-    from autoevolve.store import Store
-
-    with Store.snapshot(store_path) as store:
-        experts = store.experts()
-    missing = [e.name for e in EXPERTS if e.name not in {x.name for x in experts}]
-    if missing:
-        raise ValueError(
-            f"registry {store_path} has no expert {missing[0]!r}, which the router environment's requests need: "
-            f"autoevolve registry add-expert {missing[0]} --base-model ... --rule '...'"
-        )
-    return experts
-
-
-class RouterEpisode:
+class RouterEpisode(Routing):
     """One request: which expert, if any, the entry expert handed it to."""
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        self.chosen: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -94,8 +78,7 @@ class RouterEpisode:
         """Only change_model exists here; any other tool raises KeyError (an unknown tool)."""
         if name != CHANGE_MODEL:
             raise KeyError(name)
-        self.chosen = str(arguments.get("model"))
-        return json.dumps({"model": self.chosen, "status": "switched"})
+        return self.route(arguments)
 
     def score(self, messages: list[Message]) -> tuple[float, str]:
         """1 for the right expert (or the entry expert's own answer when it is right), else 0 with why."""
@@ -124,14 +107,20 @@ class RouterEnv:
         n_dev: int = 48,
         n_test: int = 48,
         entry: str = "L0-chat",
-        registry: str | None = None,
+        experts: Sequence[Expert] | None = None,
     ) -> None:
         if tuple(tiers) != (1,):
             raise ValueError(f"the router environment has one tier: set env.tiers: [1] (got {list(tiers)})")
         if entry not in {e.name for e in EXPERTS}:
             raise ValueError(f"entry expert {entry!r} is not one of {', '.join(e.name for e in EXPERTS)}")
         self.seed, self.entry = seed, entry
-        self.experts = registry_experts(registry) if registry else EXPERTS
+        self.experts = list(experts) if experts is not None else EXPERTS
+        missing = [e.name for e in EXPERTS if e.name not in {x.name for x in self.experts}]
+        if missing:
+            raise ValueError(
+                f"no expert {missing[0]!r}, which the router environment's requests need: "
+                f"autoevolve registry add-expert {missing[0]} --base-model ... --rule '...'"
+            )
         self.tool = change_model_tool(self.experts, entry)
         self._splits = self._build({"train": n_train, "dev": n_dev, "test": n_test})
 

@@ -16,10 +16,17 @@ import shlex
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autoevolve.fleet.registry_settings import (
+    CommandHookSettings,
+    HookSettings,
+    VLLMHookSettings,
+    WebhookHookSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,64 +80,6 @@ class Hook(Protocol):
     def fire(self, event: PromotionEvent) -> None:
         """Deliver the event; raise HookError on failure."""
         ...
-
-
-class _Settings(BaseModel):
-    """A hook's settings: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-def _check_url(url: str) -> str:
-    """Refuse a URL that is not http(s); drop a trailing slash."""
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"{url!r} is not an http:// or https:// URL")
-    return url.rstrip("/")
-
-
-class VLLMHookSettings(_Settings):
-    """Swap the expert's adapter on vLLM servers started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True."""
-
-    kind: Literal["vllm"]
-    servers: list[str] = Field(min_length=1, description="Base URLs of the servers, e.g. http://host:8000.")
-    timeout_s: float = Field(default=10.0, gt=0, description="Seconds each HTTP request may take.")
-    api_key_env: str | None = Field(
-        default=None,
-        description="Environment variable holding the servers' --api-key, sent as a bearer token (unset: none sent).",
-    )
-
-    @field_validator("servers")
-    @classmethod
-    def _urls(cls, servers: list[str]) -> list[str]:
-        """Every server is an http(s) URL."""
-        return [_check_url(s) for s in servers]
-
-
-class WebhookHookSettings(_Settings):
-    """POST the event as JSON to a URL."""
-
-    kind: Literal["webhook"]
-    url: str = Field(description="Where the event is POSTed.")
-    secret_env: str | None = Field(default=None, description="Environment variable holding a shared secret.")
-    header: str = Field(default="X-Autoevolve-Secret", description="Header the secret is sent in.")
-    timeout_s: float = Field(default=10.0, gt=0, description="Seconds the request may take.")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, url: str) -> str:
-        """The URL is http(s)."""
-        return _check_url(url)
-
-
-class CommandHookSettings(_Settings):
-    """Run a program (no shell) with the event's JSON on stdin; exit 0 means delivered."""
-
-    kind: Literal["command"]
-    command: list[str] = Field(min_length=1, description="Program and arguments, e.g. ['scripts/notify.sh'].")
-    timeout_s: float = Field(default=30.0, gt=0, description="Seconds the program may run.")
-
-
-HookSettings = Annotated[VLLMHookSettings | WebhookHookSettings | CommandHookSettings, Field(discriminator="kind")]
 
 
 def _one_line(text: str, limit: int = TAIL, *, tail: bool = False) -> str:

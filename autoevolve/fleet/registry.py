@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from autoevolve.config import RegistrySettings
 from autoevolve.fleet.hooks import Hook, HookFailure, PromotionEvent, fire_all, make_hook
+from autoevolve.fleet.registry_settings import RegistrySettings
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent, check_name
 from autoevolve.store import Store

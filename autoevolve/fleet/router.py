@@ -11,45 +11,18 @@ of adapter.
 from __future__ import annotations
 
 import itertools
-import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autoevolve.envs import Episode
+from autoevolve.envs.routing import RouterEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.rollout import apply, model_call
+from autoevolve.harness.routing import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.policy import Policy
 from autoevolve.records import Expert, Message, Task, Trajectory
 from autoevolve.store import Store
-
-CHANGE_MODEL = "change_model"
-
-
-def change_model_tool(experts: list[Expert], entry: str) -> dict[str, Any]:
-    """The ``change_model`` tool spec: the experts other than the entry one, each with its routing rule."""
-    others = [e for e in experts if e.name != entry]
-    if not others:
-        raise ValueError(f"no expert besides {entry} to route to: register one (autoevolve registry add-expert)")
-    rules = "\n".join(f"- {e.name}: {e.routing_rule or 'no routing rule given'}" for e in others)
-    return {
-        "type": "function",
-        "function": {
-            "name": CHANGE_MODEL,
-            "description": f"Hand the rest of this turn to the expert model that fits the request:\n{rules}",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "model": {
-                        "type": "string",
-                        "enum": [e.name for e in others],
-                        "description": "Name of the expert to hand the turn to.",
-                    }
-                },
-                "required": ["model"],
-            },
-        },
-    }
 
 
 @dataclass(frozen=True)
@@ -69,12 +42,11 @@ def served_experts(store: Store, hcps: dict[str, HCPConfig]) -> dict[str, Served
     return served
 
 
-class Switchboard:
+class Switchboard(Routing):
     """The conversation's episode plus ``change_model``: a call to it records the expert chosen."""
 
     def __init__(self, inner: Episode) -> None:
         self.inner = inner
-        self.chosen: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -83,14 +55,35 @@ class Switchboard:
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         """Route, or run the environment's tool."""
-        if name == CHANGE_MODEL:
-            self.chosen = str(arguments.get("model"))
-            return json.dumps({"model": self.chosen, "status": "switched"})
-        return self.inner.call(name, arguments)
+        return self.route(arguments) if name == CHANGE_MODEL else self.inner.call(name, arguments)
 
     def score(self, messages: list[Message]) -> tuple[float, str]:
         """The environment's score of the conversation."""
         return self.inner.score(messages)
+
+
+def registry_experts(store_path: str) -> list[Expert]:
+    """The experts of a registry, as the served router's ``change_model`` lists them (names, routing rules)."""
+    with Store.snapshot(store_path) as store:
+        return store.experts()
+
+
+def router_env(
+    seed: int = 0,
+    tiers: Sequence[int] = (1,),
+    n_train: int = 96,
+    n_dev: int = 48,
+    n_test: int = 48,
+    entry: str = "L0-chat",
+    registry: str | None = None,
+) -> RouterEnv:
+    """The router environment (registered as ``router``); with ``registry`` (a store's path) its ``change_model``
+    lists that registry's experts and rules, as ``autoevolve serve`` does."""
+    experts = registry_experts(registry) if registry else None
+    try:
+        return RouterEnv(seed, tiers, n_train, n_dev, n_test, entry, experts=experts)
+    except ValueError as exc:
+        raise ValueError(f"registry {registry}: {exc}" if registry else str(exc)) from None
 
 
 def converse(

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from autoevolve.harness.toolcall import python_literal
 from autoevolve.records import Message, Task
 
 COMPONENTS = (
@@ -371,17 +372,6 @@ def format_calls(calls: list[Any], syntax: CallSyntax) -> str:
     if syntax == "python_list":
         return "[" + ", ".join(format_call(c, "python") for c in calls) + "]"
     return "\n".join(format_call(c, syntax) for c in calls)
-
-
-def python_literal(value: Any) -> str:
-    """A JSON value as the Python literal a call in Python syntax holds: True, None, "text", [1, 2], {"k": 1}."""
-    if value is True or value is False or value is None:
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(python_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))}: {python_literal(v)}" for k, v in value.items()) + "}"
-    return json.dumps(value, ensure_ascii=False)
 
 
 def diff(a: HCPConfig, b: HCPConfig) -> str:

@@ -177,3 +177,14 @@ def clip(text: str, limit: int = 160) -> str:
     """Text on one line, shortened to ``limit`` characters (for error messages and prompts)."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def python_literal(value: Any) -> str:
+    """A JSON value as the Python literal a call in Python syntax holds: True, None, "text", [1, 2], {"k": 1}."""
+    if value is True or value is False or value is None:
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(python_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {python_literal(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)

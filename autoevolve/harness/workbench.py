@@ -10,7 +10,6 @@ of the request it refused.
 from __future__ import annotations
 
 import re
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from autoevolve.harness.rollout import ENDPOINT_ERROR, rollout
 from autoevolve.policy import Policy
 from autoevolve.records import Task, Trajectory
 from autoevolve.store import Store
+from autoevolve.views.narration import print_progress
 
 Progress = Callable[[str, int, int], None]
 MIN_STOP_BATCH = 4  # a call for fewer rollouts never stops a stage: one broken task is not a broken endpoint
@@ -39,14 +39,6 @@ class EndpointDown(RuntimeError):
 
     def __reduce__(self) -> tuple:
         return EndpointDown, (self.transient, str(self))  # survives pickling (Prefect may store a failed result)
-
-
-def print_progress(label: str, done: int, total: int, width: int = 24) -> None:
-    """A progress bar on stderr, one line that updates in place."""
-    filled = width * done // max(total, 1)
-    end = "\n" if done >= total else ""
-    bar = "#" * filled + "." * (width - filled)
-    print(f"\r  [{bar}] {done}/{total} {label}\x1b[K", end=end, file=sys.stderr, flush=True)
 
 
 @dataclass

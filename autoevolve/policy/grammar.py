@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from autoevolve.harness.hcp import python_literal
+from autoevolve.harness.toolcall import python_literal
 from autoevolve.policy import CallConstraint
 
 MAX_OPTIONAL_FREE = 8  # optional parameters of a function with no required one, written as any ordered subset

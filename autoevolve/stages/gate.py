@@ -16,9 +16,8 @@ from collections.abc import Callable
 
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
-from autoevolve.records import Cell, EvalReport, Guard, Task
+from autoevolve.records import GRAMMAR, Cell, EvalReport, Guard, Task
 from autoevolve.stats import ALPHA, bootstrap_ci, mean, sign_flip_p
-from autoevolve.views.twobytwo import GRAMMAR
 
 
 def cells(

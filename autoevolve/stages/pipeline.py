@@ -197,7 +197,7 @@ def stage_distill(r: Round) -> Distilled:
         say(f"  distill: {len(selection.items)} kept wins and the {len(refs)} labelled references")
     judge = dev_judge(r, f"{name}@v{version}") if d.epoch_grid else None
     job = DistillJob(
-        r.bench, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay,
+        r.bench.store, r.bench.env, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay,
         rehearsal=rehearsal, references=refs, judge=judge,
     )  # fmt: skip
     trained = TRAINERS[r.config.distill.trainer](job, r.config.distill)

@@ -43,6 +43,11 @@ def seeded_train(
     return pool[:n]
 
 
+def train_tasks(env: Environment, n: int, seed: int) -> list[Task]:
+    """The first n train tasks of a seeded shuffle, sorted by id: a smaller n gives a subset of a larger one's."""
+    return sorted(seeded_train(env, n, seed), key=lambda t: t.id)
+
+
 def fixed_plan(bench: Workbench, n: int, seed: int, exclude: frozenset[str] = frozenset()) -> TaskPlan:
     """No curriculum: every tier of the environment, the same seeded train tasks every round (none of ``exclude``,
     the labelled ones)."""

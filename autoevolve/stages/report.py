@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoevolve.records import AdapterRecord, EvalReport, Selection, TaskPlan, renamed_cells
-from autoevolve.views.twobytwo import CELLS, GRAMMAR, SHORT_LABELS, score
+from autoevolve.records import CELLS, GRAMMAR, AdapterRecord, EvalReport, Selection, TaskPlan, renamed_cells
+from autoevolve.views.twobytwo import SHORT_LABELS, score
 
 if TYPE_CHECKING:  # types only: reading reports needs no engine
     from autoevolve.config import RunConfig

@@ -132,27 +132,6 @@ def _item(win: Trajectory, base: Trajectory) -> SelectedTrajectory:
     )
 
 
-def selected_trajectories(bench: Workbench, selection: Selection) -> list[Trajectory]:
-    """The stored rollouts a selection kept, in its order."""
-    return [_stored(bench, selection, i.task_id, i.hcp_id, i.sample) for i in selection.items]
-
-
-def preference_pairs(bench: Workbench, selection: Selection) -> list[tuple[Trajectory, Trajectory]]:
-    """(chosen, rejected) for preference training: a kept rollout and the original's failed one on its task."""
-    return [
-        (_stored(bench, selection, i.task_id, i.hcp_id, i.sample),
-         _stored(bench, selection, i.task_id, i.baseline_hcp_id, i.baseline_sample))
-        for i in selection.items
-        if i.pairs_with_baseline
-    ]  # fmt: skip
-
-
-def _stored(bench: Workbench, selection: Selection, task_id: str, hcp_id: str, sample: int) -> Trajectory:
-    """One stored rollout of the selection's run and adapter."""
-    found = bench.store.trajectories(selection.run_id, hcp_id=hcp_id, adapter=selection.adapter, task_ids=[task_id])
-    return next(t for t in found if t.sample == sample)
-
-
 def _by_task(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
     """Rollouts grouped by task, in their order."""
     out: dict[str, list[Trajectory]] = defaultdict(list)

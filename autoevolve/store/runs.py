@@ -223,6 +223,36 @@ class RunTables(Connection):
         """Selections of a run in insertion order."""
         return self._selections("run_id = ?", [run_id])
 
+    def kept_rollouts(self, selection: Selection) -> list[Trajectory]:
+        """The stored rollouts a selection kept, in its order (one query)."""
+        return self._by_key(
+            selection.run_id, [(i.hcp_id, selection.adapter, i.task_id, i.sample) for i in selection.items]
+        )
+
+    def beaten_rollouts(self, selection: Selection) -> list[Trajectory]:
+        """The baseline rollout each kept one beat, in the selection's order (one query)."""
+        keys = [(i.baseline_hcp_id, selection.adapter, i.task_id, i.baseline_sample) for i in selection.items]
+        return self._by_key(selection.run_id, keys)
+
+    def _by_key(self, run_id: str, keys: list[tuple[str, str, str, int]]) -> list[Trajectory]:
+        """Trajectories of a run by (hcp_id, adapter, task_id, sample), in the keys' order; KeyError for one missing."""
+        if not keys:
+            return []
+        columns = list(zip(*keys, strict=True))
+        rows = self._all(
+            f"SELECT {_cols(TRAJ_COLS)} FROM trajectories JOIN ("
+            "SELECT unnest(?::VARCHAR[]) AS hcp_id, unnest(?::VARCHAR[]) AS adapter, unnest(?::VARCHAR[]) AS task_id, "
+            "unnest(?::INTEGER[]) AS sample, unnest(range(?)) AS position"
+            ") USING (hcp_id, adapter, task_id, sample) WHERE run_id = ? ORDER BY position",
+            [*(list(c) for c in columns), len(keys), run_id],
+        )
+        found = [_traj_from_row(r) for r in rows]
+        if len(found) < len(keys):
+            have = {(t.hcp_id, t.adapter, t.task_id, t.sample) for t in found}
+            missing = next(k for k in keys if k not in have)
+            raise KeyError(f"run {run_id} has no stored rollout {missing} in {self.path}")
+        return found
+
     # -- evaluations ------------------------------------------------------------------------------
 
     def put_evaluation(self, r: EvalReport) -> None:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from autoevolve.records import Candidate, EvalReport, Message, Selection, Trajectory
+from autoevolve.records import ADAPTERS, CELLS, CONFIGS, Candidate, EvalReport, Message, Selection, Trajectory
 from autoevolve.stages.distill.fit import TRAINING_LOG
 from autoevolve.stats import mean
 from autoevolve.store import Store
 from autoevolve.views.lineage import LineageError, config_diff
-from autoevolve.views.twobytwo import ADAPTERS, BARE, CELLS, CONFIGS, format_table
+from autoevolve.views.twobytwo import BARE, format_table
 
 NAN = math.nan
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from autoevolve.records import renamed_cells
-from autoevolve.views.twobytwo import GRAMMAR, interval, rows, score
+from autoevolve.records import GRAMMAR, renamed_cells
+from autoevolve.views.twobytwo import interval, rows, score
 
 
 def round_markdown(report: dict[str, Any], diff: str) -> str:

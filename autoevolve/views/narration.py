@@ -34,3 +34,11 @@ log.propagate = False
 def say(text: str) -> None:
     """Tell the person watching the run: on the terminal, and in the run's logs inside a Prefect run."""
     log.info(text)
+
+
+def print_progress(label: str, done: int, total: int, width: int = 24) -> None:
+    """A progress bar on stderr, one line that updates in place."""
+    filled = width * done // max(total, 1)
+    end = "\n" if done >= total else ""
+    bar = "#" * filled + "." * (width - filled)
+    print(f"\r  [{bar}] {done}/{total} {label}\x1b[K", end=end, file=sys.stderr, flush=True)

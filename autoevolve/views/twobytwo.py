@@ -3,7 +3,8 @@
 A round compares two adapters under two configs: the adapter live at the round's start, A_r (``live``; the bare
 base model in round 0), and the one the round trained, A_{r+1} (``new``), each under the original and the best
 evolved config. A cell is named ``<adapter>_<config>``. Every table of it (the terminal, ``autoevolve inspect``,
-the Prefect markdown, the notebook, the loop bench) takes its order, labels and numbers from here. No engine behind
+the Prefect markdown, the notebook, the loop bench) takes its order, labels and numbers from here (the cells' names
+are the evaluation record's, ``autoevolve.records.CELLS``). No engine behind
 it: report and inspection code import it without the rollout workbench.
 """
 
@@ -11,12 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from autoevolve.records import Cell, EvalReport
-
-ADAPTERS = ("live", "new")
-CONFIGS = ("original", "evolved")
-CELLS = tuple(f"{a}_{c}" for a in ADAPTERS for c in CONFIGS)  # live_original, live_evolved, new_original, new_evolved
-GRAMMAR = "live_grammar"  # A_r under the original config, decoding under the tool-call grammar (test, when used)
+from autoevolve.records import ADAPTERS, CELLS, CONFIGS, Cell, EvalReport
 
 ADAPTER_LABELS = {"live": "live adapter A_r", "new": "new adapter A_r+1"}
 CONFIG_LABELS = {"original": "original config", "evolved": "evolved config"}

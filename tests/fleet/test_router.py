@@ -10,9 +10,10 @@ import pytest
 from autoevolve.envs.life import LifeEnv
 from autoevolve.envs.routing import EXPERTS, RouterEnv
 from autoevolve.fleet.registry import add_expert, promote, register
-from autoevolve.fleet.router import Served, change_model_tool, converse, served_experts
+from autoevolve.fleet.router import Served, converse, router_env, served_experts
 from autoevolve.harness.hcp import Demo, Demos, HCPConfig
 from autoevolve.harness.rollout import score_reply
+from autoevolve.harness.routing import change_model_tool
 from autoevolve.store import Store
 
 ROUTER = HCPConfig.from_yaml("prompts/router.yaml")
@@ -128,11 +129,13 @@ def test_the_router_env_can_read_its_experts_from_a_registry(tmp_path: Path) -> 
     with Store(tmp_path / "s.duckdb") as store:
         for e in EXPERTS[:2]:
             add_expert(store, e.name, e.base_model, e.tier, e.routing_rule)
-    with pytest.raises(ValueError, match="has no expert 'L2-code', which the router environment's requests need"):
-        RouterEnv(registry=str(tmp_path / "s.duckdb"))
+    with pytest.raises(
+        ValueError, match=r"s.duckdb: no expert 'L2-code', which the router environment's requests need"
+    ):
+        router_env(registry=str(tmp_path / "s.duckdb"))
     with Store(tmp_path / "s.duckdb") as store:
         add_expert(store, "L2-code", EXPERTS[2].base_model, 1, "Programs of any kind.")
         add_expert(store, "L3-math", EXPERTS[2].base_model, 1, "Arithmetic.")
-    tool = RouterEnv(registry=str(tmp_path / "s.duckdb")).tools()[0]["function"]
+    tool = router_env(registry=str(tmp_path / "s.duckdb")).tools()[0]["function"]
     assert tool["parameters"]["properties"]["model"]["enum"] == ["L1-life", "L2-code", "L3-math"]
     assert "- L2-code: Programs of any kind." in tool["description"]

@@ -87,7 +87,7 @@ def test_another_round_draws_other_frontier_tasks(tmp_path) -> None:
 
 
 def test_without_a_curriculum_every_round_takes_the_same_seeded_train_tasks(tmp_path) -> None:
-    from autoevolve.stages.evolve import train_tasks
+    from autoevolve.stages.plan import train_tasks
 
     env = LifeEnv(tiers=(1, 2), n_train=48, n_dev=8, n_test=8)
     with Store(tmp_path / "s.duckdb") as store:

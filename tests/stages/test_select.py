@@ -6,7 +6,7 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, Trajectory
-from autoevolve.stages.select import preference_pairs, select, selected_trajectories
+from autoevolve.stages.select import select
 from autoevolve.stages.settings import SelectSettings
 from autoevolve.store import Store
 
@@ -49,7 +49,7 @@ def test_keeps_wins_over_the_original_on_the_same_task(tmp_path) -> None:
             store.put_trajectories([_traj(config, t, r[column]) for t, r in rewards.items()])
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         selection = select(bench, original, [best, other], tasks, SelectSettings(min_reward=1.0))
-        kept = selected_trajectories(bench, selection)
+        kept = store.kept_rollouts(selection)
         assert store.selection(selection.id) == selection
         loose = select(bench, original, [best, other], tasks, SelectSettings(margin=0.0, min_reward=0.0))
     assert [(i.task_id, i.hcp_id, i.baseline_reward) for i in selection.items] == [
@@ -93,7 +93,11 @@ def test_means_over_samples_decide_and_duplicates_are_dropped(tmp_path) -> None:
         two = select(
             bench, original, [best, other], [t0, t1], SelectSettings(samples=2, min_reward=1.0, max_per_task=2)
         )
-        pairs = preference_pairs(bench, two)
+        pairs = [
+            (k, b)
+            for i, k, b in zip(two.items, store.kept_rollouts(two), store.beaten_rollouts(two), strict=True)
+            if i.pairs_with_baseline
+        ]
     assert [(i.task_id, i.hcp_id, i.sample) for i in one.items] == [(t0.id, other.id, 0), (t1.id, best.id, 0)]
     assert [(i.task_id, i.hcp_id, i.sample) for i in two.items] == [
         (t0.id, other.id, 0),

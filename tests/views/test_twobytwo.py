@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from autoevolve.records import OLD_CELL_NAMES, Cell, EvalReport
+from autoevolve.records import CELLS, GRAMMAR, OLD_CELL_NAMES, Cell, EvalReport
 from autoevolve.stages.report import format_rounds, round_row
 from autoevolve.views.markdown import round_markdown
-from autoevolve.views.twobytwo import CELLS, GRAMMAR, format_table, label, rows
+from autoevolve.views.twobytwo import format_table, label, rows
 
 
 def _cell(adapter: str, mean: float, tokens: float) -> Cell:

@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autoevolve.fleet import registry
-from autoevolve.fleet.router import CHANGE_MODEL, change_model_tool, latest_turn
+from autoevolve.fleet.router import latest_turn
 from autoevolve.fleet.serving.calls import View, caller, cut, harnessed_call, in_context, read_calls
 from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation
 from autoevolve.harness.hcp import HCPConfig
+from autoevolve.harness.routing import CHANGE_MODEL, change_model_tool, switched
 from autoevolve.model import base_model_id
 from autoevolve.policy import ChatRequest, Completion
 from autoevolve.records import Expert, Message, Trajectory
@@ -228,10 +229,9 @@ class Fleet:
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
             )
-        switched = json.dumps({"model": chosen, "status": "switched"})
         routing = [
             Message(role="assistant", tool_calls=[call], adapter=entry.ref or None),
-            Message(role="tool", content=switched, tool_call_id=call.id),
+            Message(role="tool", content=switched(chosen), tool_call_id=call.id),
         ]
         reuse = entry.ref if self.switch == "shared_kv" else None
         answer = self._call(chosen, body, harnessed([*turn, *routing] if shared else history, True, reuse))

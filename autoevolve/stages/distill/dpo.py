@@ -1,8 +1,8 @@
 """Preference distillation: TRL DPO with a PEFT LoRA on (chosen, rejected) pairs rendered under the original config.
 
 Chosen is an evolved-config rollout that succeeded, rejected the original config's failed rollout on the same
-task (``select.preference_pairs``). Both are re-rendered under the ORIGINAL config, so the shared prompt is what
-the served expert sees and only the completions differ. The reference model is the base with the adapter
+task (the selection's kept and beaten rollouts). Both are re-rendered under the ORIGINAL config, so the shared prompt
+is what the served expert sees and only the completions differ. The reference model is the base with the adapter
 switched off (TRL's default for a PEFT model).
 
 A completion of several turns holds the environment's tool results too. Only the assistant's own tokens count in

@@ -21,7 +21,7 @@ from typing import Any
 from autoevolve.model import base_model_id, load, native_bf16
 from autoevolve.records import TrainResult
 from autoevolve.stages.distill.settings import TrainSettings
-from autoevolve.views.narration import say
+from autoevolve.views.narration import print_progress, say
 
 TRAINING_LOG = "training_log.jsonl"  # in every adapter folder: the trainer's log rows, one JSON object a line
 
@@ -197,8 +197,6 @@ def save_adapter(model: Any, out_dir: str | Path, base: str) -> Path:
 
 def _print_step(row: dict) -> None:
     """Training progress on stderr: a bar of steps and the last loss, one line updated in place."""
-    from autoevolve.harness.workbench import print_progress  # here: it loads the rollout engine, which configs must not
-
     if "loss" in row:
         print_progress(f"train (loss {row['loss']:.3f})", row["step"], row["max_steps"])
 

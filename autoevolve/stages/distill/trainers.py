@@ -18,23 +18,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from autoevolve.config import DistillSettings
+from autoevolve.envs import Environment
 from autoevolve.harness.hcp import HCPConfig
-from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, Selection, Task, TrainResult, Trajectory
 from autoevolve.stages.distill.dataset import native_tools, render_examples
 from autoevolve.stages.distill.dpo import preference_examples, train_dpo
 from autoevolve.stages.distill.fit import Judge
 from autoevolve.stages.distill.grpo import train_grpo
 from autoevolve.stages.distill.sft import train_sft
-from autoevolve.stages.select import preference_pairs, selected_trajectories
+from autoevolve.stages.settings import DistillSettings
+from autoevolve.store import Store
 
 
 @dataclass(frozen=True)
 class DistillJob:
-    """What every trainer gets: the round's workbench and selection, the original config, where to start and save."""
+    """What every trainer gets: the round's store, environment and selection, the original config, where to start and
+    save."""
 
-    bench: Workbench
+    store: Store
+    env: Environment
     selection: Selection
     original: HCPConfig
     model_name: str
@@ -47,7 +49,7 @@ class DistillJob:
 
     def tasks(self) -> dict[str, Task]:
         """The environment's train tasks by id (every selection item is one of them)."""
-        return {t.id: t for t in self.bench.env.tasks("train")}
+        return {t.id: t for t in self.env.tasks("train")}
 
     def selections(self) -> list[Selection]:
         """What to train on: the round's selection, then the replayed ones with the tasks it already holds removed."""
@@ -67,7 +69,7 @@ class Trainer(Protocol):
 
 def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA SFT on the kept rollouts and the labelled references (a labelled task: its reference alone)."""
-    kept = [t for sel in job.selections() for t in selected_trajectories(job.bench, sel)]
+    kept = [t for sel in job.selections() for t in job.store.kept_rollouts(sel)]
     held = {t.task_id for t in kept}
     kept += [t for t in job.rehearsal if t.task_id not in held]
     kept = [t for t in kept if t.task_id not in job.references]
@@ -89,7 +91,14 @@ def sft(job: DistillJob, settings: DistillSettings) -> TrainResult:
 
 def dpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     """LoRA DPO on (kept rollout, the original's failed rollout) pairs."""
-    pairs = [p for sel in job.selections() for p in preference_pairs(job.bench, sel)]
+    pairs = [
+        (chosen, rejected)
+        for sel in job.selections()
+        for item, chosen, rejected in zip(
+            sel.items, job.store.kept_rollouts(sel), job.store.beaten_rollouts(sel), strict=True
+        )
+        if item.pairs_with_baseline
+    ]  # (chosen, rejected): a kept rollout and the original's failed one on its task
     rows = preference_examples(pairs, job.tasks(), job.original)
     init, judge = job.init_adapter, job.judge
     return train_dpo(rows, job.model_name, job.out_dir, settings, init_adapter=init, dpo=settings.dpo, judge=judge)
@@ -100,7 +109,7 @@ def grpo(job: DistillJob, settings: DistillSettings) -> TrainResult:
     by_id = job.tasks()
     won = dict.fromkeys(item.task_id for sel in job.selections() for item in sel.items)
     tasks = [by_id[task_id] for task_id in won]
-    env, init = job.bench.env, job.init_adapter
+    env, init = job.env, job.init_adapter
     return train_grpo(
         tasks, env, job.original, job.model_name, job.out_dir, settings, init, grpo=settings.grpo, judge=job.judge
     )

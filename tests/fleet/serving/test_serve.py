@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autoevolve.fleet.serving import open_fleet
 from autoevolve.fleet.serving.app import create_app
+from autoevolve.fleet.serving.startup import open_fleet
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.store import Store
 from tests.conftest import random_llama
@@ -290,7 +290,7 @@ def test_a_routed_conversation_through_the_server_is_stored_as_converse_stores_i
     back to it, the follow-up starts at L0-chat again; the recorded trajectory has converse's shape."""
     from autoevolve.envs.life import LifeEnv
     from autoevolve.envs.routing import EXPERTS, RouterEnv
-    from autoevolve.fleet.serving import recorder
+    from autoevolve.fleet.serving.startup import recorder
     from autoevolve.harness.hcp import Decoding, Demo, Demos
     from autoevolve.model import EMBEDDED, base_model_id
     from tests.fleet.test_router import _fresh_adapter

@@ -57,8 +57,8 @@ def test_each_trainer_trains_on_the_selection_and_continues_from_the_live_adapte
         bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         selection = select(bench, original, [evolved], tasks)
         assert len(selection.items) == 3
-        first = TRAINERS[name](DistillJob(bench, selection, original, tiny, tmp_path / "v1"), SETTINGS[name])
-        again = DistillJob(bench, selection, original, tiny, tmp_path / "v2", init_adapter=first.path)
+        first = TRAINERS[name](DistillJob(store, env, selection, original, tiny, tmp_path / "v1"), SETTINGS[name])
+        again = DistillJob(store, env, selection, original, tiny, tmp_path / "v2", init_adapter=first.path)
         second = TRAINERS[name](again, SETTINGS[name].model_copy(update={"learning_rate": 1e-9, "lora_r": 8}))
     assert first.examples == second.examples == 3  # 3 rollouts, 3 pairs, or 3 tasks' prompts
     assert json.loads((Path(second.path) / "adapter_config.json").read_text())["r"] == 4  # the init adapter's rank
@@ -81,8 +81,7 @@ def test_replayed_selections_train_too_and_a_task_keeps_only_its_newest_win(tmp_
 
     now, before, first = selection(2, [t1]), selection(1, [t0, t1]), selection(0, [t1, t2])
     with Store(tmp_path / "s.duckdb") as store:
-        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
-        job = DistillJob(bench, now, original, "m", tmp_path / "v3", replay=[before, first])
+        job = DistillJob(store, env, now, original, "m", tmp_path / "v3", replay=[before, first])
         kept = job.selections()
     assert [(s.id, [(i.task_id, i.hcp_id) for i in s.items]) for s in kept] == [
         ("s2", [(t1.id, "h2")]),
@@ -174,8 +173,8 @@ def test_rehearsal_adds_the_live_adapters_own_wins_on_tasks_it_already_solves(
             id="s1", run_id="r", round=1, baseline_hcp_id=original.id, evolved_hcp_id=original.id, adapter=live,
             items=[SelectedTrajectory(task_id=t1.id, **won, **lost)],
         )  # fmt: skip
-        alone = TRAINERS["sft"](DistillJob(bench, selection, original, tiny, tmp_path / "a"), SETTINGS["sft"])
-        job = DistillJob(bench, selection, original, tiny, tmp_path / "b", rehearsal=rehearsal)
+        alone = TRAINERS["sft"](DistillJob(store, env, selection, original, tiny, tmp_path / "a"), SETTINGS["sft"])
+        job = DistillJob(store, env, selection, original, tiny, tmp_path / "b", rehearsal=rehearsal)
         both = TRAINERS["sft"](job, SETTINGS["sft"])
     assert (alone.examples, both.examples) == (1, 2)  # t0 rehearsed; t1 trains once, from its selected win
 
@@ -200,9 +199,8 @@ def test_sft_trains_on_the_labelled_references_beside_the_wins_and_a_labelled_ta
     refs = {t.id: env.reference(t) for t in (t1, t2)}  # t1 is labelled and won: its reference trains, once
     with Store(tmp_path / "s.duckdb") as store:
         store.put_trajectories(wins)
-        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)
         result = TRAINERS["sft"](
-            DistillJob(bench, selection, original, tiny, tmp_path / "v1", references=refs), SETTINGS["sft"]
+            DistillJob(store, env, selection, original, tiny, tmp_path / "v1", references=refs), SETTINGS["sft"]
         )
     assert result.examples == 3  # t0's win, t1's and t2's references
 

@@ -10,8 +10,9 @@ from autoevolve.envs.life import LifeEnv, _book_args
 from autoevolve.harness.hcp import COMPONENTS, HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.policy import ChatRequest, Completion
-from autoevolve.stages.evolve import evolve, make_mutators, train_tasks
+from autoevolve.stages.evolve import evolve, make_mutators
 from autoevolve.stages.evolve.mutators import ScaffoldSampling
+from autoevolve.stages.plan import train_tasks
 from autoevolve.stages.settings import BudgetSettings, EvolveSettings
 from autoevolve.store import Store
 from tests.harness.test_rollout import Scripted
