@@ -19,11 +19,37 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from autoevolve.config import ConfigError, RunConfig, load_config
 
 DEFAULT_STORE = "trajectories/autoevolve.duckdb"
+
+
+class CommandError(Exception):
+    """What a command refuses (exit 2: the input is wrong) or fails on (exit 1): one line on stderr."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@contextmanager
+def refusing(*kinds: type[BaseException], code: int = 2, prefix: str = "") -> Iterator[None]:
+    """Turn these exceptions into a CommandError with their message (a KeyError's without its quotes)."""
+    try:
+        yield
+    except kinds as exc:
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise CommandError(f"{prefix}{text}", code) from None
+
+
+def _store_file(path: str) -> None:
+    """A read command's store must exist (it is never created by reading)."""
+    if not Path(path).is_file():
+        raise CommandError(f"no store at {path} (pass --store PATH)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,26 +98,28 @@ def main(argv: list[str] | None = None) -> int:
     dep.add_argument("--dry-run", action="store_true", help="print the deployments; contact no Prefect server")
     _serve_parser(sub)
     args = parser.parse_args(argv)
+    try:
+        return _command(args)
+    except CommandError as exc:
+        print(f"autoevolve: {exc}", file=sys.stderr)
+        return exc.code
+    except BrokenPipeError:  # piped into head: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the parsed command; a CommandError says what was refused."""
     if args.command == "registry":
         return _registry(args)
     if args.command == "serve":
         return _serve(args)
     if args.command in ("candidates", "diff", "selections", "inspect", "export"):
-        try:
-            return _read(args)
-        except BrokenPipeError:  # piped into head: the reader has what it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-    try:
+        return _read(args)
+    with refusing(ConfigError, prefix="config error: "):
         config = load_config(args.config)
-    except ConfigError as exc:
-        print(f"autoevolve: config error: {exc}", file=sys.stderr)
-        return 2
-    try:  # the environment's data too: a broken task file stops here, before any model loads
+    with refusing(ValueError, prefix="env error: "):  # a broken task file stops here, before any model loads
         tasks, notes = _load_tasks(config)
-    except ValueError as exc:
-        print(f"autoevolve: env error: {exc}", file=sys.stderr)
-        return 2
     if args.command == "check":
         print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks})")
         for note in notes:  # what the environment skipped, and why
@@ -145,28 +173,19 @@ def _read(args: argparse.Namespace) -> int:
         run_selections,
     )
 
-    if not Path(args.store).is_file():
-        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
-        return 2
-    try:
-        with Store.snapshot(args.store) as store:
-            if args.command == "candidates":
-                print(format_candidates(run_candidates(store, args.run, args.round)))
-            elif args.command == "selections":
-                print(format_selections(run_selections(store, args.run), items=args.items))
-            elif args.command == "diff":
-                print(config_diff(store, args.run, args.a, args.b))
-            elif args.command == "inspect":
-                print(format_inspect(store, args.run))
-            else:
-                for table, rows in store.export_run(args.run, args.dir).items():
-                    print(f"{table}: {rows} rows -> {Path(args.dir) / table}")
-    except KeyError as exc:
-        print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
-        return 2
-    except (LineageError, StoreError) as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
+    _store_file(args.store)
+    with refusing(KeyError, LineageError, StoreError), Store.snapshot(args.store) as store:
+        if args.command == "candidates":
+            print(format_candidates(run_candidates(store, args.run, args.round)))
+        elif args.command == "selections":
+            print(format_selections(run_selections(store, args.run), items=args.items))
+        elif args.command == "diff":
+            print(config_diff(store, args.run, args.a, args.b))
+        elif args.command == "inspect":
+            print(format_inspect(store, args.run))
+        else:
+            for table, rows in store.export_run(args.run, args.dir).items():
+                print(f"{table}: {rows} rows -> {Path(args.dir) / table}")
     return 0
 
 
@@ -201,10 +220,9 @@ def _registry(args: argparse.Namespace) -> int:
     from autoevolve.fleet import registry
     from autoevolve.store import Store, StoreError
 
-    if args.action in ("list", "show") and not Path(args.store).is_file():
-        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
-        return 2
-    try:
+    if args.action in ("list", "show"):
+        _store_file(args.store)
+    with refusing(registry.PromotionRolledBack, code=1), refusing(KeyError, ValueError, StoreError):
         with Store.snapshot(args.store) if args.action in ("list", "show") else Store(args.store) as store:
             if args.action == "list":
                 print(registry.format_experts(store))
@@ -219,15 +237,6 @@ def _registry(args: argparse.Namespace) -> int:
             else:
                 e = registry.add_expert(store, args.name, args.base_model, args.tier, args.rule)
                 print(f"expert {e.name} registered (tier {e.tier}, base {e.base_model})")
-    except KeyError as exc:
-        print(f"autoevolve: {exc.args[0]}", file=sys.stderr)
-        return 2
-    except (ValueError, StoreError) as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
-    except registry.PromotionRolledBack as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -278,29 +287,19 @@ def _serve(args: argparse.Namespace) -> int:
     from autoevolve.policy.local import LocalPolicy
     from autoevolve.store import Store, StoreError
 
-    if not Path(args.store).is_file():
-        print(f"autoevolve: no store at {args.store} (pass --store PATH)", file=sys.stderr)
-        return 2
+    _store_file(args.store)
     harnesses = {}
     for item in args.hcp:
         name, _, file = item.partition("=")
         try:
             harnesses[name] = HCPConfig.from_yaml(file)
         except (OSError, ValueError) as exc:
-            print(
-                f"autoevolve: --hcp {item}: {exc} (write EXPERT=FILE, e.g. L1-life=prompts/life.yaml)", file=sys.stderr
-            )
-            return 2
+            raise CommandError(f"--hcp {item}: {exc} (write EXPERT=FILE, e.g. L1-life=prompts/life.yaml)") from None
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not key:
-        print(f"autoevolve: --api-key-env {args.api_key_env}: that variable is not set", file=sys.stderr)
-        return 2
-    try:
-        with Store.snapshot(args.store) as store:
-            bases = {e.base_model for e in store.experts()}
-    except StoreError as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    with refusing(StoreError), Store.snapshot(args.store) as store:
+        bases = {e.base_model for e in store.experts()}
     model = args.model or (bases.pop() if len(bases) == 1 else EMBEDDED)
     if model == base_model_id(EMBEDDED):
         model = EMBEDDED  # the embedded copy of that model: no hub needed
@@ -339,17 +338,11 @@ def _run(config: RunConfig) -> int:
     from autoevolve.store import Store, StoreError
     from autoevolve_flows.loop_flow import loop_flow
 
-    try:  # a store this code cannot write, or a run recorded otherwise, stops here before any model loads
-        with Store(config.store) as store:
-            check_run(store, config)
-    except (StoreError, ConfigError) as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
-    try:
+    # A store this code cannot write, or a run recorded otherwise, stops here before any model loads.
+    with refusing(StoreError, ConfigError), Store(config.store) as store:
+        check_run(store, config)
+    with refusing(EndpointDown, code=1):  # the endpoint's fault, not the input's: the message says what to fix
         loop_flow(config)
-    except EndpointDown as exc:  # the endpoint's fault, not the input's: exit 1, the message says what to fix
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 1
     return 0
 
 
@@ -362,7 +355,7 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
     from autoevolve.views.scorecard import env_settings, evaluate_pair, format_eval, pick_adapter, pick_hcp, write_eval
 
     run_id = args.run_id or f"{config.run_id}-eval"
-    try:
+    with refusing(EndpointDown, code=1), refusing(ConfigError, EnvLoadError, StoreError):  # 1: the endpoint's fault
         with Store(config.store) as store:
             settings = env_settings(config, args.env)
             env = settings.make()
@@ -374,12 +367,6 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
             store.put_run(run_id, {"eval_of": config.run_id, "env": settings.model_dump(mode="json")})
             bench = Workbench(policy, env, store, run_id, seed=config.seed, endpoint_stop=config.model.endpoint_stop)
             result = evaluate_pair(bench, hcp, adapter, args.split, args.tasks or config.gate.test_tasks)
-    except (ConfigError, EnvLoadError, StoreError) as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
-    except EndpointDown as exc:  # the endpoint's fault, not the input's
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 1
     out = Path(args.out) if args.out else Path(config.run_dir) / str(config.run_id) / "eval.json"
     print(format_eval(result))
     print(f"wrote {write_eval(result, out)}")
@@ -390,11 +377,8 @@ def _deploy(config: RunConfig, path: str, dry_run: bool) -> int:
     """Create or update the run's deployments (imported here: the library itself never imports Prefect)."""
     from autoevolve_flows.deploy import DeployError, apply_deployments
 
-    try:
+    with refusing(DeployError):
         print("\n".join(apply_deployments(config, path, dry_run)))
-    except DeployError as exc:
-        print(f"autoevolve: {exc}", file=sys.stderr)
-        return 2
     return 0
 
 

@@ -16,6 +16,7 @@ from autoevolve.fleet.registry_settings import RegistrySettings
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent, check_name
 from autoevolve.store import Store
+from autoevolve.views.table import text_table
 
 VERSION_FILE = "version.json"  # an adapter folder's registered name and version, written at registration
 HARNESS_FILE = "hcp.json"  # the HCP config the adapter was trained under, written by distillation
@@ -239,12 +240,14 @@ def check_adapter_folder(path: Path, base_model: str) -> None:
 
 def format_experts(store: Store) -> str:
     """One line per expert: tier, live version, versions, base model, routing rule."""
-    lines = [f"{'expert':<16}{'tier':>5}{'live':>7}{'versions':>10}  {'base model':<38}routing rule"]
-    for e in store.experts():
-        live = f"v{e.live_version}" if e.live_version is not None else "base"
-        n = len(store.adapters(e.name))
-        lines.append(f"{e.name:<16}{e.tier:>5}{live:>7}{n:>10}  {e.base_model:<38}{e.routing_rule or '-'}")
-    return "\n".join(lines) if len(lines) > 1 else "no experts registered"
+    rows = [
+        [e.name, str(e.tier), f"v{e.live_version}" if e.live_version is not None else "base",
+         str(len(store.adapters(e.name))), e.base_model, e.routing_rule or "-"]
+        for e in store.experts()
+    ]  # fmt: skip
+    if not rows:
+        return "no experts registered"
+    return text_table(["expert", "tier", "live", "versions", "base model", "routing rule"], rows, right=(1, 2, 3))
 
 
 def format_expert(store: Store, name: str) -> str:
@@ -256,23 +259,23 @@ def format_expert(store: Store, name: str) -> str:
         f"routing rule: {e.routing_rule or '-'}",
         "",
     ]
-    lines.append(
-        f"{'version':<9}{'status':<10}{'parent':<8}{'registered':<18}{'run':<18}{'round':>6}{'dev gain':>10}  reason"
-    )
     created = store.adapter_created(name)
-    for a in store.adapters(name):
-        gain = a.eval.get("gain")
-        lines.append(
-            f"v{a.version:<8}{a.status:<10}{'v' + str(a.parent_version) if a.parent_version else '-':<8}"
-            f"{created[a.version]:%Y-%m-%d %H:%M}  {a.run_id or '-':<18}{a.round:>6}"
-            f"{'-' if gain is None else f'{gain:+.3f}':>10}  {a.reason[:90]}"
-        )
+    rows = [
+        [f"v{a.version}", a.status, f"v{a.parent_version}" if a.parent_version else "-",
+         f"{created[a.version]:%Y-%m-%d %H:%M}", a.run_id or "-", str(a.round),
+         "-" if a.eval.get("gain") is None else f"{a.eval['gain']:+.3f}", a.reason[:90]]
+        for a in store.adapters(name)
+    ]  # fmt: skip
+    head = ["version", "status", "parent", "registered", "run", "round", "dev gain", "reason"]
+    lines.append(text_table(head, rows, right=(5, 6)))
     events = store.events(name)
     if events:
         lines += ["", "history:"]
-        for ev in events:
-            before = "base" if ev.previous_version is None else f"v{ev.previous_version}"
-            after = "base" if ev.version is None else f"v{ev.version}"
-            when = f"{ev.at:%Y-%m-%d %H:%M:%S}" if ev.at else ""
-            lines.append(f"  {when}  {ev.action:<12}{before} -> {after}  {ev.detail[:100]}")
+        history = [
+            [f"{ev.at:%Y-%m-%d %H:%M:%S}" if ev.at else "", ev.action,
+             f"{'base' if ev.previous_version is None else f'v{ev.previous_version}'} -> "
+             f"{'base' if ev.version is None else f'v{ev.version}'}", ev.detail[:100]]
+            for ev in events
+        ]  # fmt: skip
+        lines += ["  " + line for line in text_table(None, history).splitlines()]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoevolve.records import CELLS, GRAMMAR, AdapterRecord, EvalReport, Selection, TaskPlan, renamed_cells
+from autoevolve.views.table import text_table
 from autoevolve.views.twobytwo import SHORT_LABELS, score
 
 if TYPE_CHECKING:  # types only: reading reports needs no engine
@@ -167,13 +168,11 @@ def write_rounds(config: RunConfig, reports: list[dict[str, Any]]) -> Path:
 def format_rounds(reports: list[dict[str, Any]]) -> str:
     """The loop summary as aligned text: per round, the new adapter's test score under the original config
     (A_r+1+orig) and the decision."""
-    head = SHORT_LABELS["new_original"]
-    lines = [f"{'round':<7}{'adapter':<16}{'decision':<18}{head:>18}{'retention':>11}{'rollouts':>10}"]
+    head = ["round", "adapter", "decision", SHORT_LABELS["new_original"], "retention", "rollouts"]
+    rows = []
     for row in map(round_row, reports):
-        shown = score(row["eval"]["new_original"]) if row["eval"] else "-"
         kept = (row["retention"] or {}).get("test")
-        lines.append(
-            f"{row['round']:<7}{row['adapter'] or '-':<16}{row['decision']:<18}{shown:>18}"
-            f"{'-' if kept is None else f'{kept:.2f}':>11}{row['rollouts']:>10}"
-        )
-    return "\n".join(lines)
+        shown = score(row["eval"]["new_original"]) if row["eval"] else "-"
+        rows.append([str(row["round"]), row["adapter"] or "-", row["decision"], shown,
+                     "-" if kept is None else f"{kept:.2f}", str(row["rollouts"])])  # fmt: skip
+    return text_table(head, rows, right=(3, 4, 5))

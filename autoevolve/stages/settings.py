@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from autoevolve.harness.hcp import COMPONENTS, CallSyntax, ToolFormat
-from autoevolve.stages.distill.settings import TRAINER_SETTINGS, DPOSettings, GRPOSettings, SFTSettings, TrainSettings
+from autoevolve.stages.distill.training import TRAINER_SETTINGS, DPOSettings, GRPOSettings, SFTSettings, TrainSettings
 
 META_PROMPTS = Path(__file__).resolve().parent / "evolve" / "meta_prompts.yaml"  # ships inside the package
 

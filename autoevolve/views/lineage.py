@@ -6,6 +6,7 @@ from autoevolve.harness.hcp import HCPConfig, diff
 from autoevolve.records import Candidate, Selection
 from autoevolve.stats import mean
 from autoevolve.store import Store
+from autoevolve.views.table import text_table
 
 
 class LineageError(ValueError):
@@ -22,12 +23,6 @@ def run_candidates(store: Store, run_id: str, round: int | None = None) -> list[
     return rows
 
 
-def _table(head: list[str], rows: list[list[str]]) -> str:
-    """Left-aligned columns, the last one unpadded."""
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head) - 1)]
-    return "\n".join("  ".join([*(v.ljust(w) for v, w in zip(r, widths, strict=False)), r[-1]]) for r in [head, *rows])
-
-
 def format_selections(selections: list[Selection], items: bool = False) -> str:
     """One line a selection (kept items, tasks, preference pairs, mean gain), or one line a kept item."""
     if items:
@@ -38,7 +33,7 @@ def format_selections(selections: list[Selection], items: bool = False) -> str:
             for s in selections
             for i in s.items
         ]  # fmt: skip
-        return _table(head, rows)
+        return text_table(head, rows)
     head = ["round", "selection", "baseline", "evolved", "adapter", "items", "tasks", "pairs", "mean_gain"]
     rows = []
     for s in selections:
@@ -49,7 +44,7 @@ def format_selections(selections: list[Selection], items: bool = False) -> str:
             [str(s.round), s.id, s.baseline_hcp_id, s.evolved_hcp_id, s.adapter or "-", str(len(s.items)), str(tasks),
              str(pairs), f"{gain:.3f}"]
         )  # fmt: skip
-    return _table(head, rows)
+    return text_table(head, rows)
 
 
 def run_selections(store: Store, run_id: str) -> list[Selection]:
@@ -82,7 +77,7 @@ def format_candidates(rows: list[Candidate]) -> str:
                 c.note,
             ]
         )
-    return _table(head, lines)
+    return text_table(head, lines)
 
 
 def resolve(rows: list[Candidate], ref: str) -> str:

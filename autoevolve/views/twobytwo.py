@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from autoevolve.records import ADAPTERS, CELLS, CONFIGS, Cell, EvalReport
+from autoevolve.views.table import text_table
 
 ADAPTER_LABELS = {"live": "live adapter A_r", "new": "new adapter A_r+1"}
 CONFIG_LABELS = {"original": "original config", "evolved": "evolved config"}
@@ -64,14 +65,9 @@ def format_table(report: EvalReport) -> str:
     grid = rows(means, cis, {a: _ref(c.get(f"{a}_original")) for a in ADAPTERS})
     tokens = [f"{c[n].prompt_tokens:.0f}" if n in c else "-" for n in (f"live_{cfg}" for cfg in CONFIGS)]
     grid.append(["prompt tokens", "", *tokens])
-    widths = [max(len(row[i]) for row in grid) for i in range(len(grid[0]))]
-    lines = [
-        "  ".join(f"{v:<{w}}" if i < 2 else f"{v:>{w}}" for i, (v, w) in enumerate(zip(row, widths, strict=True)))
-        for row in grid
-    ]
     n = c["live_original"].n if "live_original" in c else next(iter(c.values())).n if c else 0
     head = f"{report.split} split, {n} tasks, mean reward [95% CI]"
-    return "\n".join([head, *(line.rstrip() for line in lines), gain_line(report)])
+    return "\n".join([head, text_table(grid[0], grid[1:], right=range(2, len(grid[0]))), gain_line(report)])
 
 
 def _ref(cell: Cell | None) -> str | None:

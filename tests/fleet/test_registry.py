@@ -258,7 +258,7 @@ def test_registry_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert code == 0 and out.splitlines()[1].split()[:4] == ["L0-chat", "0", "base", "0"]
     assert out.splitlines()[2].split()[:4] == ["L1-life", "1", "v2", "3"]
     code, out, _ = cli("show", "L1-life")
-    assert "live v2" in out and "  promote     base -> v2  promoted by hand" in out
+    assert "live v2" in out and "  promote  base -> v2  promoted by hand" in out
     assert cli("rollback", "L1-life") == (0, "the bare base model is live for L1-life\n", "")
     code, _, err = cli("promote", "L1-life", "7")
     assert code == 2 and err == f"autoevolve: no adapter L1-life@v7 in {db}\n"

@@ -21,7 +21,7 @@ from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import Task, TrainResult, Trajectory
 from autoevolve.stages.distill.dataset import assistant_mask, prompt_ids, render_examples
 from autoevolve.stages.distill.fit import Judge, fit, trainer_args
-from autoevolve.stages.distill.settings import DPOSettings, TrainSettings
+from autoevolve.stages.distill.training import DPOSettings, TrainSettings
 
 
 def preference_examples(

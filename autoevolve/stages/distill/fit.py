@@ -20,7 +20,7 @@ from typing import Any
 
 from autoevolve.model import base_model_id, load, native_bf16
 from autoevolve.records import TrainResult
-from autoevolve.stages.distill.settings import TrainSettings
+from autoevolve.stages.distill.training import TrainSettings
 from autoevolve.views.narration import print_progress, say
 
 TRAINING_LOG = "training_log.jsonl"  # in every adapter folder: the trainer's log rows, one JSON object a line

@@ -19,7 +19,7 @@ from autoevolve.harness.rollout import score_reply
 from autoevolve.model import chat_text
 from autoevolve.records import Message, Task, TrainResult
 from autoevolve.stages.distill.fit import Judge, fit, trainer_args
-from autoevolve.stages.distill.settings import GRPOSettings, TrainSettings
+from autoevolve.stages.distill.training import GRPOSettings, TrainSettings
 
 
 class EnvReward:

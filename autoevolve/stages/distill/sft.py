@@ -14,7 +14,7 @@ from autoevolve.records import TrainResult
 from autoevolve.stages.distill.compact import compact_sft_trainer
 from autoevolve.stages.distill.dataset import build_dataset
 from autoevolve.stages.distill.fit import Judge, fit, progress_callback, trainer_args
-from autoevolve.stages.distill.settings import SFTSettings, TrainSettings
+from autoevolve.stages.distill.training import SFTSettings, TrainSettings
 
 
 def train_sft(

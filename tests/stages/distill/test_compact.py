@@ -12,7 +12,7 @@ from autoevolve.records import Trajectory
 from autoevolve.stages.distill.compact import MIN_SHARED, common_prefix, compact_sft_trainer
 from autoevolve.stages.distill.dataset import build_dataset, render_examples
 from autoevolve.stages.distill.fit import with_adapter
-from autoevolve.stages.distill.settings import TrainSettings
+from autoevolve.stages.distill.training import TrainSettings
 from autoevolve.stages.distill.sft import _config
 
 

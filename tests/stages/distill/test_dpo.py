@@ -11,7 +11,7 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.records import Message, Trajectory
 from autoevolve.stages.distill.dpo import assistant_only_collator, preference_dataset, preference_examples, train_dpo
-from autoevolve.stages.distill.settings import DPOSettings, TrainSettings
+from autoevolve.stages.distill.training import DPOSettings, TrainSettings
 from tests.stages.distill.test_distill import _adapter, one_thread, tiny  # noqa: F401 - fixtures
 
 FAST = TrainSettings(epochs=3, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8, max_length=384)

@@ -13,7 +13,7 @@ from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.rollout import score_reply
 from autoevolve.records import Message, Task
 from autoevolve.stages.distill.grpo import EnvReward, _config, grpo_prompts, train_grpo
-from autoevolve.stages.distill.settings import GRPOSettings, TrainSettings
+from autoevolve.stages.distill.training import GRPOSettings, TrainSettings
 from tests.stages.distill.test_distill import _adapter, one_thread, tiny  # noqa: F401 - fixtures
 
 ORIGINAL = HCPConfig.from_yaml("prompts/life.yaml")

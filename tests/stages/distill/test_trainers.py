@@ -14,7 +14,7 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, SelectedTrajectory, Selection, Trajectory
-from autoevolve.stages.distill.settings import GRPOSettings
+from autoevolve.stages.distill.training import GRPOSettings
 from autoevolve.stages.distill.trainers import TRAINERS, DistillJob
 from autoevolve.stages.select import select
 from autoevolve.store import Store
