@@ -238,6 +238,7 @@ class RunConfig(Section):
     gate: GateSettings = Field(default_factory=GateSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
+    _original: tuple[tuple[str, int], HCPConfig] | None = PrivateAttr(default=None)  # (hcp file, env), its config
 
     @field_validator("expert")
     @classmethod
@@ -260,8 +261,12 @@ class RunConfig(Section):
         return self
 
     def original_hcp(self) -> HCPConfig:
-        """The original HCP config named by ``hcp``, its tools the environment's (or checked against them)."""
-        return HCPConfig.from_yaml(self.hcp).with_env_tools(self.env.make().tools())
+        """The original HCP config named by ``hcp``, its tools the environment's (or checked against them); read once
+        per config file and environment."""
+        key = (str(self.hcp), id(self.env.make()))
+        if self._original is None or self._original[0] != key:
+            self._original = (key, HCPConfig.from_yaml(self.hcp).with_env_tools(self.env.make().tools()))
+        return self._original[1]
 
 
 class ConfigError(ValueError):

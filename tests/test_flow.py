@@ -111,8 +111,10 @@ def test_approval_pauses_the_flow_until_a_person_answers(
 
         thread = threading.Thread(target=lambda: results.append(promotion()))
         thread.start()
+        deadline = time.monotonic() + 120
         with get_client(sync_client=True) as client:
             while not ids or not client.read_flow_run(ids[0]).state.is_paused():
+                assert time.monotonic() < deadline, "the flow run did not pause within 120 s"
                 time.sleep(0.2)
         if answer is not None:
             resume_flow_run(ids[0], run_input=answer)

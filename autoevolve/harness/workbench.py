@@ -54,6 +54,7 @@ class Workbench:
     chunk: int = 64
     progress: Progress | None = field(default=print_progress)
     endpoint_stop: float | None = 0.5  # share of a batch failing alike at the endpoint that stops the stage
+    written: set[str] = field(default_factory=set)  # ids of the configs this workbench has stored
 
     def rollouts(
         self,
@@ -70,7 +71,9 @@ class Workbench:
         new samples of the same config asks for higher numbers.
         """
         wanted = range(first_sample, first_sample + samples)
-        self.store.put_hcp(hcp.id, hcp.name, hcp.model_dump(mode="json"))
+        if hcp.id not in self.written:  # once per config: the store keeps the first write of an id anyway
+            self.store.put_hcp(hcp.id, hcp.name, hcp.model_dump(mode="json"))
+            self.written.add(hcp.id)
         stored = {
             (t.task_id, t.sample): t
             for t in self.store.trajectories(

@@ -39,6 +39,11 @@ number: {NUMBER}
 """
 
 
+# JSON calls exactly as the harness writes them (json.dumps: ", " and ": ", no other whitespace). Flexible whitespace
+# would let a model pad a call forever inside the grammar (a random model does, until max_tokens).
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def lark(spec: CallConstraint) -> str:
     """The constraint as a grammar in llguidance's Lark dialect; ValueError when it offers no tool."""
     if not spec.tools:
@@ -47,7 +52,7 @@ def lark(spec: CallConstraint) -> str:
     plan = '("Plan: " /[^\\n]*/ "\\n")? ' if spec.plan_line else ""
     lines = 'call ("\\n" call)*' if spec.parallel else "call"  # several calls: one per line, as the harness writes
     if spec.syntax == "json":
-        one = json_schema(spec.model_copy(update={"parallel": False}))
+        one = json_schema(spec.model_copy(update={"parallel": False})) | {"x-guidance": COMPACT}
         return f"start: {plan}{lines}\ncall: %json {json.dumps(one)}\n"
     rules = [_python_function(i, fn) for i, fn in enumerate(functions)]
     one = " | ".join(f"f{i}" for i in range(len(rules)))

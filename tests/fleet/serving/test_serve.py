@@ -77,18 +77,19 @@ def test_the_openai_client_gets_text_tool_calls_and_errors(server) -> None:
     live = client.chat.completions.create(model="L1-life", max_tokens=6, **ask)
     assert live.model == "L1-life@v3"  # the expert's name serves its live version, and says which
     assert live.choices[0].message.content != text.choices[0].message.content  # another adapter answers
+    size = {"type": "string", "enum": ["small", "large"]}
+    pick = {"name": "pick_car", "parameters": {"type": "object", "properties": {"size": size}, "required": ["size"]}}
     forced = client.chat.completions.create(
         model="L1-life",
-        max_tokens=60,
-        tools=LIFE.tools,
-        tool_choice={"type": "function", "function": {"name": "request_ride"}},
+        max_tokens=100,  # an enum's call is short: the grammar closes it well within this
+        tools=[*LIFE.tools, {"type": "function", "function": pick}],
+        tool_choice={"type": "function", "function": {"name": "pick_car"}},
         **ask,
     )
-    if forced.choices[0].finish_reason == "tool_calls":  # the grammar holds the call; 60 tokens may end it early
-        [call] = forced.choices[0].message.tool_calls
-        assert call.type == "function" and call.function.name == "request_ride" and call.id.endswith(".L1-life")
-        assert isinstance(json.loads(call.function.arguments), dict)
-    assert forced.choices[0].message.content is None or forced.choices[0].finish_reason == "length"
+    assert forced.choices[0].finish_reason == "tool_calls" and forced.choices[0].message.content is None
+    [call] = forced.choices[0].message.tool_calls
+    assert call.type == "function" and call.function.name == "pick_car" and call.id.endswith(".L1-life")
+    assert json.loads(call.function.arguments)["size"] in ("small", "large")
     with pytest.raises(openai.NotFoundError, match="'L9-none' is not served here"):
         client.chat.completions.create(model="L9-none", max_tokens=4, **ask)
     with pytest.raises(openai.BadRequestError, match="n: one choice per request"):
@@ -208,7 +209,7 @@ def test_a_request_for_an_unloaded_name_waits_for_its_reload_or_fails_after_the_
     answers: list = []
     waiting = threading.Thread(target=lambda: answers.append(_client(url).chat.completions.create(**ask)))
     waiting.start()
-    time.sleep(0.5)
+    waiting.join(0.5)  # it may not finish: an answer now would come from an adapter that is not loaded
     assert answers == [] and waiting.is_alive()  # held, not failed, while the name is away
     loaded = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "L1-life@v1", "lora_path": folder})
     assert loaded.text == "Success: LoRA adapter 'L1-life@v1' added successfully."
@@ -263,14 +264,14 @@ def test_promotions_and_rollbacks_swap_adapters_under_streaming_load(server, reg
     try:
         with Store(registry_store) as store:
             for i in range(10):
-                time.sleep(0.15)
+                _more_replies(replies, failures)  # each version serves some replies before the next swap
                 if i % 2 == 0:
                     promote(store, "L1-life", 1 + (i // 2) % 2, publisher=publisher)
                 else:
                     rollback(store, "L1-life", publisher=publisher)
             live = store.expert("L1-life").live_version
     finally:
-        time.sleep(0.3)
+        _more_replies(replies, failures)
         done.set()
         for t in clients:
             t.join(60)
@@ -282,6 +283,14 @@ def test_promotions_and_rollbacks_swap_adapters_under_streaming_load(server, reg
     assert len({next(iter(m)) for m, _ in replies}) >= 2  # the swaps were seen by the clients
     assert fleet.stats["loads"] - loads == 10 and fleet.slots["L1-life"].ref == f"L1-life@v{live}"
     assert fleet.stats["largest_batch"] > 1  # concurrent requests shared batches
+
+
+def _more_replies(replies: list, failures: list, timeout_s: float = 60.0) -> None:
+    """Wait until the streaming clients have finished one more reply (or one failed)."""
+    before, deadline = len(replies) + len(failures), time.monotonic() + timeout_s
+    while len(replies) + len(failures) == before:
+        assert time.monotonic() < deadline, f"no reply within {timeout_s:g} s"
+        time.sleep(0.01)
 
 
 @pytest.mark.integration

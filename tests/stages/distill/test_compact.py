@@ -12,8 +12,8 @@ from autoevolve.records import Trajectory
 from autoevolve.stages.distill.compact import MIN_SHARED, common_prefix, compact_sft_trainer
 from autoevolve.stages.distill.dataset import build_dataset, render_examples
 from autoevolve.stages.distill.fit import with_adapter
-from autoevolve.stages.distill.training import TrainSettings
 from autoevolve.stages.distill.sft import _config
+from autoevolve.stages.distill.training import TrainSettings
 
 
 def _loss_and_grads(trainer_class: type, model_dir: str, tmp: str, **kwargs: object) -> tuple[float, dict, int]:

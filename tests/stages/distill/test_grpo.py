@@ -53,13 +53,15 @@ class _Episode:
     """Rewards letters: a random model's replies differ in how many they have, so a group's rewards differ."""
 
     finished = False
+    scored: list[float] = []  # every reward given, in order (the test compares the trainer's log with them)
 
     def call(self, name: str, arguments: dict[str, Any]) -> str:
         raise KeyError(name)
 
     def score(self, messages: list[Message]) -> tuple[float, str]:
         text = messages[-1].content
-        return sum(c.isalpha() for c in text) / max(1, len(text)), ""
+        _Episode.scored.append(sum(c.isalpha() for c in text) / max(1, len(text)))
+        return _Episode.scored[-1], ""
 
 
 class _LengthEnv:
@@ -82,9 +84,12 @@ def test_grpo_smoke_run_on_cpu_moves_the_adapter(tiny: str, tmp_path: Path) -> N
     tasks = LifeEnv(tiers=(1,)).tasks("train")[:2]
     settings = TrainSettings(epochs=1, batch_size=2, learning_rate=5e-2, lora_r=4, lora_alpha=8)
     own = GRPOSettings(generations=2, completion_tokens=12)
+    _Episode.scored.clear()
     result = train_grpo(tasks, _LengthEnv(), ORIGINAL, tiny, tmp_path / "grpo", settings, grpo=own)
     assert result.steps == 2 and result.examples == 2  # 2 prompts x 2 replies, 2 replies per step
-    assert result.first_reward is not None and 0.0 <= result.first_reward <= 1.0
+    assert len(_Episode.scored) == 4 and len(set(_Episode.scored)) > 1  # every reply scored by the environment
+    first, last = sum(_Episode.scored[:2]) / 2, sum(_Episode.scored[2:]) / 2  # each step's group
+    assert (result.first_reward, result.last_reward) == (pytest.approx(first), pytest.approx(last))
     b = [t for name, t in _adapter(result.path).items() if "lora_B" in name]
     assert b and any(t.abs().sum() > 0 for t in b)  # B starts at zero: only a gradient from the reward moves it
     assert json.loads((Path(result.path) / "adapter_config.json").read_text())["base_model_name_or_path"] == tiny

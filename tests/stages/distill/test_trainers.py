@@ -14,8 +14,8 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, SelectedTrajectory, Selection, Trajectory
-from autoevolve.stages.distill.training import GRPOSettings
 from autoevolve.stages.distill.trainers import TRAINERS, DistillJob
+from autoevolve.stages.distill.training import GRPOSettings
 from autoevolve.stages.select import select
 from autoevolve.store import Store
 from tests.stages.distill.test_distill import _adapter, one_thread, tiny  # noqa: F401 - fixtures
