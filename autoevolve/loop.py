@@ -149,7 +149,8 @@ def run_round(
 ) -> dict[str, Any]:
     """The round, stage by stage, each through ``step``; returns its report (a finished round's, loaded).
 
-    When selection keeps nothing there is nothing to distil: the round ends after stage 2 and its report says so.
+    When selection keeps nothing and there are no labels to train on, there is nothing to distil: the round ends after
+    stage 2 and its report says so.
     With ``registry.approval``, a promotion the gate proposes waits for ``approve`` (a flow asks a person); with no
     one to ask, it is declined.
     """
@@ -159,7 +160,7 @@ def run_round(
         return done
     step(r, "plan")
     step(r, "evolve")
-    if step(r, "select").items:
+    if step(r, "select").items or r.trained_labels:  # nothing kept and no labels: nothing to train on
         step(r, "distill")
         dev = step(r, "gate")
         if dev.decision == "promote" and r.config.registry.approval and not finished(r, "decide"):

@@ -27,6 +27,11 @@ class Round:
     results: dict[str, Any] = field(default_factory=dict)  # finished stages' results, loaded or computed
 
     @property
+    def trained_labels(self) -> list[Task]:
+        """The labelled tasks stage 3 trains on (their references): none without ``labels.train``."""
+        return list(self.labelled or []) if self.config.labels and self.config.labels.train else []
+
+    @property
     def base_ref(self) -> str:
         """Adapter name of A_r ('' when the bare base model serves the expert)."""
         return self.base_adapter.ref if self.base_adapter else ""

@@ -178,7 +178,7 @@ def stage_distill(r: Round) -> Distilled:
     registered one is taken back instead of training a second version.
     """
     evolved, selection = result(r, "evolve"), result(r, "select")
-    if not selection.items:
+    if not selection.items and not r.trained_labels:
         raise ValueError("selection kept no trajectories: the evolved config beat the original on no train task")
     name, store = r.config.expert, r.bench.store
     mine = [a for a in store.adapters(name) if a.run_id == r.bench.run_id and a.round == r.bench.round]
@@ -192,7 +192,7 @@ def stage_distill(r: Round) -> Distilled:
     init = r.base_adapter.path if r.base_adapter and d.init == "live" else None
     replay = lineage_selections(r) if d.replay else []
     rehearsal = rehearsed(r)
-    refs = labels.references(r.bench.env, r.labelled or []) if r.config.labels and r.config.labels.train else {}
+    refs = labels.references(r.bench.env, r.trained_labels)
     if refs:
         say(f"  distill: {len(selection.items)} kept wins and the {len(refs)} labelled references")
     judge = dev_judge(r, f"{name}@v{version}") if d.epoch_grid else None
@@ -219,10 +219,10 @@ def stage_distill(r: Round) -> Distilled:
     return Distilled(record, trained)
 
 
-def dev_judge(r: Round, ref: str, tiers: list[int] | None = None) -> Judge:
+def dev_judge(r: Round, ref: str) -> Judge:
     """Scores an adapter folder for choosing the training length: the last ``distill.dev_tasks`` dev tasks of the
-    tiers in play (or of ``tiers``), under the original config."""
-    dev = plan.in_play(r.bench.env.tasks("dev"), tiers or task_plan(r).tiers)
+    tiers in play, under the original config."""
+    dev = plan.in_play(r.bench.env.tasks("dev"), task_plan(r).tiers)
     return length_judge(r.bench, r.original, dev[-r.config.distill.dev_tasks :], ref)
 
 
