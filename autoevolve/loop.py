@@ -96,7 +96,10 @@ def open_round(config: RunConfig, policy: Policy | None = None, round: int | Non
     )
     budget = config.labels.budget if config.labels else None
     labelled = None if budget is None else labels.labelled_tasks(env, budget, config.seed)
-    return Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live, labelled=labelled)
+    r = Round(config=config, bench=bench, original=config.original_hcp(), base_adapter=live, labelled=labelled)
+    if finished(r, "warm"):  # round 0 started from SFT on the labels: that adapter is A_r
+        result(r, "warm")
+    return r
 
 
 def check_run(store: Store, config: RunConfig) -> None:
@@ -158,6 +161,8 @@ def run_round(
     if done is not None:
         say(f"round {r.bench.round} of run {r.bench.run_id} finished before: {r.run_dir / 'report.json'}")
         return done
+    if r.warm_start_due or finished(r, "warm"):
+        step(r, "warm")
     step(r, "plan")
     step(r, "evolve")
     if step(r, "select").items or r.trained_labels:  # nothing kept and no labels: nothing to train on

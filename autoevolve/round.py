@@ -32,6 +32,12 @@ class Round:
         return list(self.labelled or []) if self.config.labels and self.config.labels.train else []
 
     @property
+    def warm_start_due(self) -> bool:
+        """Whether this round starts from SFT on the labels (``labels.warm_start``): round 0, no live version."""
+        warm = self.config.labels is not None and self.config.labels.warm_start
+        return warm and self.bench.round == 0 and self.base_adapter is None and bool(self.trained_labels)
+
+    @property
     def base_ref(self) -> str:
         """Adapter name of A_r ('' when the bare base model serves the expert)."""
         return self.base_adapter.ref if self.base_adapter else ""

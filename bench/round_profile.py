@@ -61,6 +61,8 @@ def main() -> None:
         stats = getattr(r.bench.policy, "decoder", None)
         rows = [_row("open", 0.0, {}, {}, loads, None)]
         for stage in STAGES:
+            if stage == "warm" and not r.warm_start_due:
+                continue
             if stage not in ("plan", "evolve", "select") and not pipeline.result(r, "select").items:
                 break
             before, loaded = _stats(stats), (loads.count, loads.seconds)

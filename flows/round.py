@@ -61,6 +61,12 @@ policy_stage = task(
 
 
 @policy_stage
+def warm_stage(r: Round):
+    """Round 0's starting adapter: LoRA SFT on the labelled references, gated (labels.warm_start)."""
+    return pipeline.run_stage(r, "warm")
+
+
+@policy_stage
 def plan_stage(r: Round):
     """The round's tasks: tiers in play and train tasks from the live adapter's frontier."""
     return pipeline.run_stage(r, "plan")
@@ -218,6 +224,7 @@ def as_task(r: Round, stage: str, *args: Any) -> Any:
 
 
 STAGE_TASKS = {
+    "warm": warm_stage,
     "plan": plan_stage,
     "evolve": evolve_stage,
     "select": select_stage,

@@ -60,6 +60,44 @@ def run_stage(r: Round, stage: str, *args: Any) -> Any:
     return value
 
 
+def stage_warm(r: Round) -> Decided:
+    """Round 0's starting adapter from the labels (``labels.warm_start``): LoRA SFT on the labelled references from the
+    base, registered, gated on dev against the bare base under the original config, promoted if it passes; a promoted
+    one is the live adapter A_r the rest of the round works around."""
+    name, store, d = r.config.expert, r.bench.store, r.config.distill
+    version = store.next_adapter_version(name)
+    out = registry.adapter_dir(r.run_dir / "adapters", name, version)
+    tiers = sorted({t.tier for t in r.bench.env.tasks("dev")})
+    judge = dev_judge(r, f"{name}@v{version}", tiers) if d.epoch_grid else None
+    refs = labels.references(r.bench.env, r.trained_labels)
+    empty = Selection(id=f"warm-{r.bench.run_id}", run_id=r.bench.run_id, round=0, baseline_hcp_id=r.original.id,
+                      evolved_hcp_id=r.original.id, adapter="", items=[])  # fmt: skip
+    job = DistillJob(store, r.bench.env, empty, r.original, r.config.model.name, out, references=refs, judge=judge)
+    say(f"  warm start: LoRA SFT on the {len(refs)} labelled references")
+    trained = TRAINERS["sft"](job, d)
+    (Path(trained.path) / "train_result.json").write_text(trained.model_dump_json(indent=2))
+    registry.write_harness(trained.path, r.original)
+    record = registry.register(
+        store, name=name, path=trained.path, base_model=base_model_id(r.config.model.name), parent_version=None,
+        run_id=r.bench.run_id, round=0, hcp_id=r.original.id, evolved_hcp_id="", selection_id="",
+    )  # fmt: skip
+    r.bench.policy.add_adapter(record.ref, record.path)
+    dev = plan.split_tasks(r.bench, "dev", tiers, r.config.gate.dev_tasks)
+    g = r.config.gate
+    report = gate(r.bench, r.original, r.original, "", record.ref, dev, g.min_gain, alpha=g.alpha)
+    decided = registry.decide(store, record, report, registry.Publisher.from_settings(r.config.registry))
+    say(f"  warm start: {report.decision}: {report.reason}")
+    return _warmed(r, Decided(decided, report))
+
+
+def _warmed(r: Round, warm: Decided) -> Decided:
+    """The round works around the warm-start adapter once it is live."""
+    if warm.adapter.status == "promoted":
+        r.base_adapter = warm.adapter
+        r.bench.policy.add_adapter(warm.adapter.ref, warm.adapter.path)
+    return warm
+
+
 def stage_plan(r: Round) -> TaskPlan:
     """The round's tiers in play and train tasks: A_r's frontier with a curriculum, else a fixed seeded draw."""
     c, n = r.config.curriculum, max(r.config.evolve.train_tasks, r.config.select.train_tasks)
@@ -181,7 +219,9 @@ def stage_distill(r: Round) -> Distilled:
     if not selection.items and not r.trained_labels:
         raise ValueError("selection kept no trajectories: the evolved config beat the original on no train task")
     name, store = r.config.expert, r.bench.store
-    mine = [a for a in store.adapters(name) if a.run_id == r.bench.run_id and a.round == r.bench.round]
+    mine = [  # a warm start's adapter holds no selection
+        a for a in store.adapters(name) if a.run_id == r.bench.run_id and a.round == r.bench.round and a.selection_id
+    ]
     if mine:
         trained = TrainResult.model_validate_json((Path(mine[0].path) / "train_result.json").read_text())
         r.bench.policy.add_adapter(mine[0].ref, mine[0].path)
@@ -219,10 +259,10 @@ def stage_distill(r: Round) -> Distilled:
     return Distilled(record, trained)
 
 
-def dev_judge(r: Round, ref: str) -> Judge:
+def dev_judge(r: Round, ref: str, tiers: list[int] | None = None) -> Judge:
     """Scores an adapter folder for choosing the training length: the last ``distill.dev_tasks`` dev tasks of the
-    tiers in play, under the original config."""
-    dev = plan.in_play(r.bench.env.tasks("dev"), task_plan(r).tiers)
+    tiers in play (or of ``tiers``), under the original config."""
+    dev = plan.in_play(r.bench.env.tasks("dev"), tiers or task_plan(r).tiers)
     return length_judge(r.bench, r.original, dev[-r.config.distill.dev_tasks :], ref)
 
 
@@ -317,11 +357,18 @@ def _load_adapter(r: Round, name: str, version: int) -> AdapterRecord:
     return record
 
 
+def _load_warm(r: Round, data: dict[str, Any]) -> Decided:
+    """The warm start's adapter and gate report, the adapter made A_r if it went live."""
+    adapter = r.bench.store.adapter(data["name"], data["version"])
+    return _warmed(r, Decided(adapter, EvalReport.model_validate(data["dev"])))
+
+
 def _dump_adapter(a: AdapterRecord) -> dict[str, Any]:
     return {"name": a.name, "version": a.version}
 
 
 STAGES: dict[str, Stage] = {  # in the round's order
+    "warm": Stage(stage_warm, lambda x: {**_dump_adapter(x.adapter), "dev": x.dev.model_dump(mode="json")}, _load_warm),
     "plan": Stage(stage_plan, lambda p: p.model_dump(mode="json"), lambda r, d: TaskPlan.model_validate(d)),
     "evolve": Stage(stage_evolve, lambda e: {"best": e.best.id, "budget": e.budget}, _load_evolve),
     "select": Stage(

@@ -52,6 +52,7 @@ def write_report(
             "budget": evolved.budget,
         },
         "plan": _plan(r, task_plan),
+        "warm_start": _warm(r),
         "labels": None if r.labelled is None else {"budget": len(r.labelled), "tasks": [t.id for t in r.labelled]},
         "rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round),
         "failed_rollouts": r.bench.store.count_trajectories(r.bench.run_id, r.bench.round, backend_failed=True),
@@ -92,6 +93,14 @@ def write_report(
     r.run_dir.mkdir(parents=True, exist_ok=True)
     (r.run_dir / "report.json").write_text(json.dumps(report, indent=2))
     return report
+
+
+def _warm(r: Round) -> dict[str, Any] | None:
+    """Round 0's start from SFT on the labels, when there was one: the adapter and the dev gate's verdict."""
+    warm = r.results.get("warm")
+    if warm is None:
+        return None
+    return {"adapter": warm.adapter.ref, "decision": warm.dev.decision, "dev_gain": warm.dev.gain}
 
 
 def _plan(r: Round, task_plan: TaskPlan | None) -> dict[str, Any] | None:

@@ -130,6 +130,12 @@ class LabelSettings(Section):
         description="Stage 3 also trains on the labelled references, one per task, re-rendered under the original "
         "config beside the kept wins (trainer sft only).",
     )
+    warm_start: bool = Field(
+        default=False,
+        description="Round 0 of an expert with no live version starts from LoRA SFT on the labelled references (its "
+        "length chosen on dev with distill.epoch_grid), registered and promoted if the dev gate says so: the loop then "
+        "contains 'SFT on the labels, then rejection sampling' as a special case.",
+    )
 
 
 class CurriculumSettings(Section):

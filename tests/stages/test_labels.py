@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -105,3 +106,40 @@ def test_the_hierarchical_interval_carries_the_spread_between_seeds() -> None:
 def test_holm_multiplies_by_the_hypotheses_left_and_keeps_the_order() -> None:
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert holm([0.5, 0.9]) == [1.0, 1.0]
+
+
+def test_warm_start_makes_sft_on_the_labels_the_rounds_live_adapter(
+    tmp_path: Path, tiny_model_dir, monkeypatch
+) -> None:
+    from autoevolve import loop
+    from autoevolve.stages import pipeline
+
+    path = tmp_path / "warm.yaml"
+    path.write_text(
+        f"run_id: warm\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"
+        f"model: {{name: {tiny_model_dir}, batch_size: 8}}\nenv: {{tiers: [1], n_train: 16, n_dev: 4, n_test: 4}}\n"
+        "labels: {budget: 4, warm_start: true}\nevolve: {train_tasks: 4, candidates: 1, mutators: [tool_format]}\n"
+        "select: {train_tasks: 4}\ndistill: {epochs: 1, batch_size: 2, lora_r: 4, lora_alpha: 8, max_length: 384}\n"
+        "gate: {dev_tasks: 4, test_tasks: 4}\n"
+    )
+    config = load_config(path)
+    real = pipeline.gate
+
+    def warm_passes(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - the tiny model learns nothing: say it did
+        report = real(*args, **kwargs)
+        return report.model_copy(update={"decision": "promote"}) if args[4] == "L1-life@v1" else report
+
+    monkeypatch.setattr(pipeline, "gate", warm_passes)
+    r = loop.open_round(config)
+    assert r.warm_start_due
+    report = loop.run_round(r)
+    r.bench.store.close()
+    assert report["warm_start"]["adapter"] == "L1-life@v1" and report["warm_start"]["decision"] == "promote"
+    assert report["live_adapter"] == "L1-life@v1" and report["adapter"] == "L1-life@v2"
+    with Store(config.store, read_only=True) as store:
+        v1, v2 = store.adapters("L1-life")
+    assert (v1.selection_id, v1.status) == ("", "promoted") and v2.parent_version == 1  # the round's A_r is v1
+    assert v2.selection_id and json.loads((Path(v2.path) / "train_result.json").read_text())["examples"] == 4
+    again = loop.open_round(config, round=0)  # a resumed round 0 starts from the warm adapter, not the bare base
+    assert again.base_ref == "L1-life@v1" and not again.warm_start_due
+    again.bench.store.close()
