@@ -1,4 +1,4 @@
-"""The ``autoevolve`` command.
+"""The autoevolve command: self-evolution rounds for an LLM agent's LoRA expert, and the tools to read and serve them.
 
 autoevolve run configs/quickstart.yaml    self-evolution rounds (Prefect flows, no server needed)
 autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, do nothing else
@@ -17,6 +17,7 @@ autoevolve serve                          the registry's experts behind an OpenA
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autoevolve.config import ConfigError, RunConfig, load_config
+from autoevolve.envs import guard
+from autoevolve.envs.guard import EnvironmentFault
 
 DEFAULT_STORE = "trajectories/autoevolve.duckdb"
 
@@ -46,17 +49,56 @@ def refusing(*kinds: type[BaseException], code: int = 2, prefix: str = "") -> It
         raise CommandError(f"{prefix}{text}", code) from None
 
 
+def _log_to(path: Path, verbose: bool) -> None:
+    """Library warnings go to the run's log file, and Prefect's own lines stay off the terminal: one screen shows the
+    run's progress and results. With ``verbose`` both show on the terminal too (a deployed run logs all to Prefect)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.captureWarnings(True)
+    warned = logging.getLogger("py.warnings")
+    warned.addHandler(handler)
+    warned.propagate = verbose
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # read when the flows import Prefect
+
+
+def _version() -> str:
+    """The installed package's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("autoevolve")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
+
+
+def _positive(text: str) -> int:
+    """An argument that must be a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is too few: give 1 or more")
+    return value
+
+
 def _store_file(path: str) -> None:
     """A read command's store must exist (it is never created by reading)."""
     if not Path(path).is_file():
-        raise CommandError(f"no store at {path} (pass --store PATH)")
+        raise CommandError(f"no store at {path} (pass --store with an existing store's path; a run creates one)")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for a bad config, with one line on stderr)."""
     parser = argparse.ArgumentParser(prog="autoevolve", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"autoevolve {_version()}")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show library warnings and Prefect's own log lines"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one self-evolution round from a run config", description=_RUN_HELP)
+    run = sub.add_parser("run", help="run a config's self-evolution rounds (or resume them)", description=_RUN_HELP)
     run.add_argument("config", help="run config YAML, e.g. configs/quickstart.yaml")
     run.add_argument(
         "--auto-approve", action="store_true", help="promote without pausing for approval (registry.approval)"
@@ -68,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--adapter", help="NAME@V, an adapter folder, or 'base' (default: the expert's live version)")
     ev.add_argument("--hcp", default="seed", help="'seed' (default), 'best', a stored HCP id (prefix) or a YAML file")
     ev.add_argument("--split", default="test", choices=["train", "dev", "test"], help="task split (default test)")
-    ev.add_argument("--tasks", type=int, help="the split's first N tasks (default: gate.test_tasks)")
+    ev.add_argument("--tasks", type=_positive, help="the split's first N tasks (default: gate.test_tasks)")
     ev.add_argument("--env", help="another environment: a name, 'module:factory', or '{name: life, tiers: [2]}'")
     ev.add_argument("--run-id", help="run id the rollouts are stored under (default: RUN-eval)")
     ev.add_argument("--out", help="where eval.json goes (default: RUN_DIR/RUN/eval.json)")
@@ -121,7 +163,9 @@ def _command(args: argparse.Namespace) -> int:
     with refusing(ValueError, prefix="env error: "):  # a broken task file stops here, before any model loads
         tasks, notes = _load_tasks(config)
     if args.command == "check":
-        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks})")
+        with refusing(EnvironmentFault):  # the environment run with no model: references, a reply with no call
+            probed = guard.probe(config.env.make())
+        print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks}; {probed})")
         for note in notes:  # what the environment skipped, and why
             print(f"  {note}")
         return 0
@@ -131,6 +175,7 @@ def _command(args: argparse.Namespace) -> int:
         return _eval(config, args)
     if args.auto_approve:
         config.registry.approval = False
+    _log_to(Path(config.run_dir) / str(config.run_id) / "run.log", args.verbose)
     return _run(config)
 
 
@@ -220,7 +265,7 @@ def _registry(args: argparse.Namespace) -> int:
     from autoevolve.fleet import registry
     from autoevolve.store import Store, StoreError
 
-    if args.action in ("list", "show"):
+    if args.action != "add-expert":  # only registering an expert may create a store
         _store_file(args.store)
     with refusing(registry.PromotionRolledBack, code=1), refusing(KeyError, ValueError, StoreError):
         with Store.snapshot(args.store) if args.action in ("list", "show") else Store(args.store) as store:
@@ -341,7 +386,7 @@ def _run(config: RunConfig) -> int:
     # A store this code cannot write, or a run recorded otherwise, stops here before any model loads.
     with refusing(StoreError, ConfigError), Store(config.store) as store:
         check_run(store, config)
-    with refusing(EndpointDown, code=1):  # the endpoint's fault, not the input's: the message says what to fix
+    with refusing(EnvironmentFault), refusing(EndpointDown, code=1):  # 1: the endpoint's fault, not the input's
         loop_flow(config)
     return 0
 
@@ -355,7 +400,7 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
     from autoevolve.views.scorecard import env_settings, evaluate_pair, format_eval, pick_adapter, pick_hcp, write_eval
 
     run_id = args.run_id or f"{config.run_id}-eval"
-    with refusing(EndpointDown, code=1), refusing(ConfigError, EnvLoadError, StoreError):  # 1: the endpoint's fault
+    with refusing(EndpointDown, code=1), refusing(ConfigError, EnvLoadError, StoreError, EnvironmentFault):
         with Store(config.store) as store:
             settings = env_settings(config, args.env)
             env = settings.make()

@@ -76,7 +76,9 @@ def load(model: str, dtype: str = "auto"):  # noqa: ANN201 - transformers types 
     """Load (model, tokenizer) for a model name; left padding, pad token set."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a weight-loading bar per model: noise between the run's own lines
     path = resolve(model)
     torch_dtype = _dtype(dtype)
     lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)

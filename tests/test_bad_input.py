@@ -57,7 +57,8 @@ def test_registry_takes_store_before_or_after_the_action(tmp_path: Path) -> None
         store.put_run("r", {})
     after, before = _cli("registry", "list", "--store", str(db)), _cli("registry", "--store", str(db), "list")
     assert after.returncode == before.returncode == 0
-    assert after.stdout == before.stdout == "no experts registered\n"
+    hint = "no experts registered (add one: autoevolve registry add-expert NAME --base-model MODEL)\n"
+    assert after.stdout == before.stdout == hint
 
 
 def test_a_malformed_environment_file_stops_check_and_run(tmp_path: Path) -> None:
@@ -182,3 +183,33 @@ def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path: Path, args: lis
         _cli("eval", str(_config(tmp_path, "env: {tiers: [1], n_train: 8, n_dev: 4, n_test: 4}\n")), *args)
     )
     assert line.startswith(message), line
+
+
+BROKEN = """
+from autoevolve.envs.life import LifeEnv, LifeEpisode
+
+
+class Broken(LifeEpisode):
+    def score(self, messages):
+        return 1 / 0
+
+
+class BrokenLife(LifeEnv):
+    name = "broken"
+
+    def start(self, task):
+        return Broken(self.world, task)
+"""
+
+
+@pytest.mark.parametrize("command", [["check"], ["eval", "--tasks", "2"]])
+def test_an_environment_whose_score_raises_is_one_line_naming_the_method_and_task(
+    tmp_path: Path, tiny_model_dir, command: list[str]
+) -> None:
+    (tmp_path / "broken_env.py").write_text(BROKEN)
+    env = "{loader: broken_env.py:BrokenLife, tiers: [1], n_train: 8, n_dev: 4, n_test: 4}"
+    config = _config(tmp_path, f"env: {env}\nmodel: {{name: {tiny_model_dir}}}\n")
+    line = _one_line(_cli(command[0], str(config), *command[1:]))
+    assert line.startswith("autoevolve: env broken: score on task broken/life-1-") and line.endswith(
+        "ZeroDivisionError: division by zero"
+    ), line

@@ -209,3 +209,29 @@ def test_a_round_runs_as_library_code_without_prefect(tmp_path: Path, tiny_model
     assert report["selected"] == 0 and "eval" not in report and set(report["seconds"]) == {"plan", "evolve", "select"}
     assert [c["mutator"] for c in report["candidates"]] == ["seed", "tool_format"]
     assert json.loads((tmp_path / "runs" / "tiny" / "report.json").read_text()) == report
+
+
+def test_a_run_prints_one_screen_progress_and_summaries_with_warnings_in_the_run_log(
+    tmp_path: Path, tiny_model_dir
+) -> None:
+    import subprocess
+    import sys
+
+    extra = (
+        "labels: {budget: 4}\ndistill: {epoch_grid: [1, 2], dev_tasks: 2, batch_size: 2, lora_r: 4, lora_alpha: 8, "
+        "max_length: 384}\ngate: {dev_tasks: 2, test_tasks: 4}\n"
+    )
+    _tiny_config(tmp_path, tiny_model_dir, extra)
+    done = subprocess.run(
+        [sys.executable, "-m", "autoevolve.cli", "run", str(tmp_path / "tiny.yaml")],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    screen = (done.stdout + done.stderr).replace("\r", "\n")
+    for noise in ("Warning", "warnings.warn", "{'loss'", "Loading weights", "Building labels", "| INFO |"):
+        assert noise not in screen, f"{noise!r} on the terminal:\n{screen[-3000:]}"
+    said = done.stdout.splitlines()
+    for stage in ("plan", "evolve", "select", "distill", "gate", "decide", "report"):
+        assert sum(line.startswith(f"  {stage}: ") for line in said) == 1, (stage, said)
+    assert "  distill: L1-life@v1 trained on 4 examples" in done.stdout and "mean reward [95% CI]" in done.stdout
+    assert "FutureWarning" in (tmp_path / "runs" / "tiny" / "run.log").read_text()  # kept, off the screen

@@ -246,7 +246,7 @@ def format_experts(store: Store) -> str:
         for e in store.experts()
     ]  # fmt: skip
     if not rows:
-        return "no experts registered"
+        return "no experts registered (add one: autoevolve registry add-expert NAME --base-model MODEL)"
     return text_table(["expert", "tier", "live", "versions", "base model", "routing rule"], rows, right=(1, 2, 3))
 
 

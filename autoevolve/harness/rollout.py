@@ -12,7 +12,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from autoevolve.envs import Environment, Episode
+from autoevolve.envs import Environment, Episode, guard
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.toolcall import PARALLEL_CALLS, CallError, check_arguments, parse, parse_all
 from autoevolve.policy import CallConstraint, ChatRequest, Completion, Policy
@@ -55,7 +55,7 @@ def rollout(
     """Roll out every task ``samples`` times (sample indices from ``first_sample``); one trajectory per (task,
     sample), in input order."""
     runs = [
-        _Run(task=t, sample=s, episode=env.start(t), messages=[Message(role="user", content=t.request)])
+        _Run(task=t, sample=s, episode=guard.start(env, t), messages=[Message(role="user", content=t.request)])
         for t in tasks
         for s in range(first_sample, first_sample + samples)
     ]
@@ -77,7 +77,7 @@ def rollout(
 
 def score_reply(env: Environment, hcp: HCPConfig, task: Task, text: str) -> float:
     """The environment's reward for an episode of one reply: its tool call run (else the final answer), then scored."""
-    episode, messages = env.start(task), [Message(role="user", content=task.request)]
+    episode, messages = guard.start(env, task), [Message(role="user", content=task.request)]
     _, error = apply(Completion(text=text), hcp, task, episode, messages)
     return 0.0 if error else episode.score(messages)[0]
 

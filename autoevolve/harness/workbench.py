@@ -82,6 +82,8 @@ class Workbench:
         }
         todo = [t for t in tasks if any((t.id, s) not in stored for s in wanted)]
         label = f"{stage} {hcp.id}{'+' + adapter if adapter else ''}"
+        if todo and self.progress:
+            self.progress(label, 0, len(todo))  # the bar starts with the work: its rate and time left count from here
         for start in range(0, len(todo), self.chunk):
             batch = todo[start : start + self.chunk]
             made = rollout(

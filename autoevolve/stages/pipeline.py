@@ -57,6 +57,7 @@ def run_stage(r: Round, stage: str, *args: Any) -> Any:
     seconds = round(time.perf_counter() - started, 1)
     r.bench.store.put_stage(r.bench.run_id, r.bench.round, stage, STAGES[stage].dump(value), seconds)
     r.results[stage], r.seconds[stage] = value, seconds
+    say(f"  {stage}: {SUMMARY[stage](value)} ({seconds:.0f} s)")
     return value
 
 
@@ -108,9 +109,6 @@ def stage_plan(r: Round) -> TaskPlan:
         before = r.bench.store.stage_result(r.bench.run_id, r.bench.round - 1, "plan") if r.bench.round else None
         tiers = TaskPlan.model_validate(before[0]).tiers if before else None
         task_plan = plan.plan(r.bench, r.original, r.base_ref, c, n, r.config.seed, tiers, exclude)
-    if c is not None or r.labelled is not None:
-        labelled = f"; {len(r.labelled)} labelled train tasks apart" if r.labelled is not None else ""
-        say(f"  plan: {task_plan.why}{labelled}")
     return task_plan
 
 
@@ -233,8 +231,6 @@ def stage_distill(r: Round) -> Distilled:
     replay = lineage_selections(r) if d.replay else []
     rehearsal = rehearsed(r)
     refs = labels.references(r.bench.env, r.trained_labels)
-    if refs:
-        say(f"  distill: {len(selection.items)} kept wins and the {len(refs)} labelled references")
     judge = dev_judge(r, f"{name}@v{version}") if d.epoch_grid else None
     job = DistillJob(
         r.bench.store, r.bench.env, selection, r.original, r.config.model.name, out, init_adapter=init, replay=replay,
@@ -386,4 +382,26 @@ STAGES: dict[str, Stage] = {  # in the round's order
         lambda r, d: Decided(_load_adapter(r, d["name"], d["version"]), EvalReport.model_validate(d["dev"])),
     ),
     "report": Stage(stage_report, lambda test: test.model_dump(mode="json"), lambda r, d: EvalReport.model_validate(d)),
+}
+
+
+def _trained(x: Distilled) -> str:
+    """What stage 3 did, in one line."""
+    t = x.train
+    chosen = f", epoch {t.epochs:g} chosen on dev" if t.epochs is not None else ""
+    return f"{x.adapter.ref} trained on {t.examples} examples, {t.steps} steps{chosen}"
+
+
+SUMMARY: dict[str, Any] = {  # each stage's one line when it ends
+    "warm": lambda x: f"{x.adapter.ref} {x.adapter.status} (dev gain {x.dev.gain:+.3f})",
+    "plan": lambda p: p.why,
+    "evolve": lambda e: (
+        f"{len(e.candidates) - 1} children tried, best dev {e.best_dev:.3f} (the original "
+        f"{e.candidates[0].mean_reward:.3f}), {e.budget.get('rollouts', 0)} rollouts, stopped on {e.budget.get('stop')}"
+    ),
+    "select": lambda s: f"kept {len(s.items)} wins on {len({i.task_id for i in s.items})} tasks",
+    "distill": _trained,
+    "gate": lambda dev: f"{dev.decision} (dev gain {dev.gain:+.3f}, p = {dev.p_value:.4f})",
+    "decide": lambda x: f"{x.adapter.ref} {x.adapter.status}",
+    "report": lambda test: f"test gain {test.gain:+.3f} [{test.gain_ci[0]:+.3f}, {test.gain_ci[1]:+.3f}]",
 }

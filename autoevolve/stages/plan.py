@@ -53,7 +53,11 @@ def fixed_plan(bench: Workbench, n: int, seed: int, exclude: frozenset[str] = fr
     the labelled ones)."""
     tiers = sorted({t.tier for t in bench.env.tasks("train")})
     drawn = seeded_train(bench.env, n, seed, exclude=exclude)
-    unlabelled = f" of the {len(bench.env.tasks('train')) - len(exclude)} unlabelled ones" if exclude else ""
+    unlabelled = (
+        f" of the {len(bench.env.tasks('train')) - len(exclude)} unlabelled ones ({len(exclude)} labelled)"
+        if exclude
+        else ""
+    )
     return TaskPlan(
         run_id=bench.run_id,
         round=bench.round,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 log = logging.getLogger("autoevolve.narration")  # the name deployed runs log under
 
@@ -37,8 +38,18 @@ def say(text: str) -> None:
 
 
 def print_progress(label: str, done: int, total: int, width: int = 24) -> None:
-    """A progress bar on stderr, one line that updates in place."""
+    """A progress bar on stderr, one line that updates in place: what, how many of how many, the rate and the time
+    left (measured from the first call for this label)."""
+    now = time.monotonic()
+    started = _STARTED.setdefault(label, (now, done))
+    rate = (done - started[1]) / (now - started[0]) if now > started[0] and done > started[1] else 0.0
+    pace = f" ({rate:.1f}/s, {(total - done) / rate:.0f} s left)" if rate and done < total else ""
     filled = width * done // max(total, 1)
     end = "\n" if done >= total else ""
+    if done >= total:
+        del _STARTED[label]
     bar = "#" * filled + "." * (width - filled)
-    print(f"\r  [{bar}] {done}/{total} {label}\x1b[K", end=end, file=sys.stderr, flush=True)
+    print(f"\r  [{bar}] {done}/{total} {label}{pace}\x1b[K", end=end, file=sys.stderr, flush=True)
+
+
+_STARTED: dict[str, tuple[float, int]] = {}  # label -> (when its bar began, the count then)

@@ -249,7 +249,9 @@ def test_registry_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         out, err = capsys.readouterr()
         return code, out, err
 
-    assert cli("list") == (2, "", f"autoevolve: no store at {db} (pass --store PATH)\n")
+    missing = f"autoevolve: no store at {db} (pass --store with an existing store's path; a run creates one)\n"
+    assert cli("list") == (2, "", missing)
+    assert cli("rollback", "L1-life") == (2, "", missing) and not Path(db).exists()  # a failed command creates none
     assert cli("add-expert", "L0-chat", "--base-model", BASE, "--tier", "0", "--rule", "Anything else.")[0] == 0
     with Store(db) as store:
         _three_versions(store, tmp_path)

@@ -42,7 +42,10 @@ def fit(
     ``build`` makes for it, training, and the adapter saved with its base model id (with ``settings.epoch_grid``,
     the one of the epoch ``judge`` scored best)."""
     import torch
-    from transformers import set_seed
+    from datasets.utils import disable_progress_bars
+    from transformers import PrinterCallback, set_seed
+
+    disable_progress_bars()  # TRL's per-dataset map bars ("Building labels ..."): the run prints its own progress
 
     if settings.epoch_grid and judge is None:
         raise ValueError("epoch_grid chooses the training length on dev: it needs a judge that scores an adapter")
@@ -56,6 +59,7 @@ def fit(
         # What an integration writes locally (TensorBoard's event files) is kept beside the adapter.
         output_dir = str(Path(out_dir) / "logs") if settings.report_to else tmp
         trainer, examples = build(model, tokenizer, output_dir, torch.cuda.is_available())
+        trainer.remove_callback(PrinterCallback)  # a raw dict per step on the terminal: the rows go to the log file
         trainer.add_callback(progress_callback(_print_step))
         lengths = _on_dev(settings.epoch_grid, judge, Path(out_dir) / "epochs", base_model_id(model_name))
         if lengths is not None:
