@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--env", help="another environment: a name, 'module:factory', or '{name: life, tiers: [2]}'")
     ev.add_argument("--run-id", help="run id the rollouts are stored under (default: RUN-eval)")
     ev.add_argument("--out", help="where eval.json goes (default: RUN_DIR/RUN/eval.json)")
+    ev.add_argument("--show", type=_positive, metavar="K", help="print K failed tasks: feedback and last messages")
     cands = sub.add_parser("candidates", help="list a run's stage-1 candidates with lineage and scores")
     cands.add_argument("run", help="run id (a run config's run_id, or its file stem)")
     cands.add_argument("--round", type=int, default=None, help="only this round")
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     sels.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     ins = sub.add_parser("inspect", help="a run at a glance: counts, rounds, the last round's test 2x2")
     ins.add_argument("run", help="run id")
+    ins.add_argument(
+        "--failures", type=_positive, metavar="K", help="print K failed test tasks of the last round's served expert"
+    )
     ins.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     exp = sub.add_parser("export", help="write a run's tables as Parquet, one folder per table, partitioned by round")
     exp.add_argument("run", help="run id")
@@ -208,7 +212,7 @@ def _read(args: argparse.Namespace) -> int:
     Exit 2 with one line when the store, the run or a config is unknown, or the store cannot be read.
     """
     from autoevolve.store import Store, StoreError
-    from autoevolve.views.inspection import format_inspect
+    from autoevolve.views.inspection import format_inspect, served_rollouts
     from autoevolve.views.lineage import (
         LineageError,
         config_diff,
@@ -217,6 +221,7 @@ def _read(args: argparse.Namespace) -> int:
         run_candidates,
         run_selections,
     )
+    from autoevolve.views.scorecard import format_failures
 
     _store_file(args.store)
     with refusing(KeyError, LineageError, StoreError), Store.snapshot(args.store) as store:
@@ -228,6 +233,8 @@ def _read(args: argparse.Namespace) -> int:
             print(config_diff(store, args.run, args.a, args.b))
         elif args.command == "inspect":
             print(format_inspect(store, args.run))
+            if args.failures:
+                print("\n" + format_failures(served_rollouts(store, args.run), args.failures))
         else:
             for table, rows in store.export_run(args.run, args.dir).items():
                 print(f"{table}: {rows} rows -> {Path(args.dir) / table}")
@@ -397,7 +404,15 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
     from autoevolve.harness.workbench import EndpointDown, Workbench
     from autoevolve.loop import make_policy
     from autoevolve.store import Store, StoreError
-    from autoevolve.views.scorecard import env_settings, evaluate_pair, format_eval, pick_adapter, pick_hcp, write_eval
+    from autoevolve.views.scorecard import (
+        env_settings,
+        evaluate_pair,
+        format_eval,
+        format_failures,
+        pick_adapter,
+        pick_hcp,
+        write_eval,
+    )
 
     run_id = args.run_id or f"{config.run_id}-eval"
     with refusing(EndpointDown, code=1), refusing(ConfigError, EnvLoadError, StoreError, EnvironmentFault):
@@ -414,6 +429,8 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
             result = evaluate_pair(bench, hcp, adapter, args.split, args.tasks or config.gate.test_tasks)
     out = Path(args.out) if args.out else Path(config.run_dir) / str(config.run_id) / "eval.json"
     print(format_eval(result))
+    if args.show:
+        print("\n" + format_failures(result["trajectories"], args.show))
     print(f"wrote {write_eval(result, out)}")
     return 0
 

@@ -108,10 +108,17 @@ class Task(Record):
 
     id: str = Field(description="Stable id, unique across splits.")
     env: str = Field(description="Name of the environment that made it.")
-    split: Split
-    tier: int = Field(ge=1, description="Difficulty tier; 1 = one call with the arguments in the request.")
+    split: Split = Field(description="Stages 1 and 2 use train tasks, the gate dev, the report test.")
+    tier: int = Field(
+        ge=1,
+        description="Difficulty, 1 or more (1 = easiest); the curriculum lets a harder tier in as the easier pass.",
+    )
     request: str = Field(description="The user's message that opens the episode.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="What the harness may show the model.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the harness may show the model, through the HCP config's memory template (e.g. today's "
+        "date, the user's name); parallel_calls: true makes every call of a text reply run, in order.",
+    )
     goal: dict[str, Any] = Field(default_factory=dict, description="Hidden: what the scorer checks.")
     tools: list[dict[str, Any]] = Field(
         default_factory=list, description="Tools of this task alone (OpenAI schema), offered after the config's."

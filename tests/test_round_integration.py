@@ -127,6 +127,28 @@ def test_eval_reproduces_the_reports_new_original_cell(round_run, smol_policy, c
     assert f"mean reward {scored['mean']:.3f} [" in capsys.readouterr().out
 
 
+@pytest.mark.integration
+def test_failed_tasks_can_be_read_from_eval_and_inspect(round_run, smol_policy, capsys, tmp_path: Path) -> None:
+    from autoevolve import cli
+
+    config, report, _ = round_run
+    path = Path(config.run_dir).parent / "run.yaml"
+    out = tmp_path / "base.json"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("autoevolve.loop.make_policy", lambda config: smol_policy)
+        args = ["eval", str(path), "--adapter", "base", "--tasks", "4", "--show", "2", "--out", str(out)]
+        assert cli.main(args) == 0
+    shown = capsys.readouterr().out
+    scored = json.loads(out.read_text())
+    assert [t["reward"] for t in scored["tasks"]] == list(scored["rewards"].values()) == [0.0] * 4  # the bare base
+    assert all(t["feedback"].startswith("Expected ") and t["turns"] >= 1 for t in scored["tasks"])
+    assert shown.count("  why: Expected ") == 2 and "(2 more failed)" in shown and "last messages:" in shown
+    assert cli.main(["inspect", "it-round", "--store", str(config.store), "--failures", "8"]) == 0
+    listed = capsys.readouterr().out
+    served = report["eval"]["new_original"]
+    assert ("no failed rollout to show" in listed) == (served == 1.0)
+
+
 def _train(policy, store: Store, examples: list, out: Path, parent=None):  # noqa: ANN001, ANN202
     """LoRA-SFT SmolLM2 on examples (from ``parent`` if given), register it and load it into the policy."""
     settings = TrainSettings(epochs=2, batch_size=4, learning_rate=2e-3)

@@ -241,3 +241,16 @@ def format_inspect(store: Store, run_id: str) -> str:
     if not tested:
         return "\n".join([*lines, "", "no test evaluation yet"])
     return "\n".join([*lines, "", f"round {tested[-1]}, {format_table(evaluation(store, run_id, int(tested[-1])))}"])
+
+
+def served_rollouts(store: Store, run_id: str) -> list[Trajectory]:
+    """The last tested round's test rollouts of the expert it served (the new adapter if promoted, else the live one)
+    under the original config, in task order."""
+    tested = [e for e in store.evaluations(run_id) if e.split == "test"]
+    if not tested:
+        return []
+    cells = tested[-1].cells
+    promoted = any(a.status == "promoted" and a.ref == cells["new_original"].adapter for a in store.adapters())
+    cell = cells["new_original" if promoted else "live_original"]
+    found = store.trajectories(run_id, hcp_id=cell.hcp_id, adapter=cell.adapter, split="test")
+    return [t for t in found if t.sample == 0]

@@ -18,7 +18,7 @@ from autoevolve.fleet.registry import check_adapter_folder
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.model import base_model_id
-from autoevolve.records import Split
+from autoevolve.records import Message, Split, Trajectory
 from autoevolve.stats import bootstrap_ci, mean
 from autoevolve.store import Store
 from autoevolve.views.lineage import LineageError, resolve, run_candidates
@@ -100,6 +100,17 @@ def evaluate_pair(bench: Workbench, hcp: HCPConfig, adapter: str, split: Split, 
         "tiers": {k: {"mean": mean(v), "n_tasks": len(v)} for k, v in sorted(tiers.items())},
         "failed": sum(bool(t.error) for t in trajs),
         "rewards": rewards,
+        "tasks": [
+            {
+                "task_id": t.task_id,
+                "reward": t.reward,
+                "feedback": t.feedback,
+                "error": t.error,
+                "turns": sum(m.role == "assistant" for m in t.messages),
+            }
+            for t in trajs
+        ],  # fmt: skip
+        "trajectories": trajs,  # for --show; not written to eval.json
     }
 
 
@@ -116,7 +127,30 @@ def format_eval(result: dict[str, Any]) -> str:
 
 
 def write_eval(result: dict[str, Any], path: Path) -> Path:
-    """eval.json, written whole."""
+    """eval.json: the summary, and per task its reward, the environment's feedback, error and model turns."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps({k: v for k, v in result.items() if k != "trajectories"}, indent=2) + "\n")
     return path
+
+
+def format_failures(trajs: list[Trajectory], k: int, last: int = 3) -> str:
+    """Up to ``k`` rollouts that did not reach a full reward: the task, its reward and the environment's feedback,
+    and the conversation's last messages (tool results included)."""
+    failed = [t for t in trajs if t.reward < 1.0][:k]
+    if not failed:
+        return "no failed rollout to show: every task reached a full reward"
+    blocks = []
+    for t in failed:
+        head = f"{t.task_id} (reward {t.reward:.2f}, {sum(m.role == 'assistant' for m in t.messages)} model turns)"
+        why = t.error or t.feedback or "-"
+        shown = [f"    {m.role}: {_said(m)}" for m in t.messages[-last:]]
+        blocks.append("\n".join([head, f"  why: {why}", "  last messages:", *shown]))
+    more = sum(t.reward < 1.0 for t in trajs) - len(failed)
+    return "\n\n".join(blocks) + (f"\n\n({more} more failed)" if more > 0 else "")
+
+
+def _said(message: Message) -> str:
+    """A message in one line: its text, or its calls."""
+    calls = "; ".join(f"{c.name}({c.function.get('arguments', '')})" for c in message.tool_calls)
+    text = " ".join((message.content or calls or "(empty)").split())
+    return text[:300] + ("..." if len(text) > 300 else "")
