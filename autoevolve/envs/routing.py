@@ -17,7 +17,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from autoevolve.harness.routing import CHANGE_MODEL, Routing, change_model_tool
+from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.records import Expert, Message, Split, Task, ToolCall
 
 BASE = "HuggingFaceTB/SmolLM2-135M-Instruct"
