@@ -17,9 +17,9 @@ from typing import Any
 
 from autoevolve.envs import Episode
 from autoevolve.envs.routing import RouterEnv
+from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.rollout import apply, model_call
-from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.policy import Policy
 from autoevolve.records import Expert, Message, Task, Trajectory
 from autoevolve.store import Store

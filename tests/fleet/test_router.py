@@ -11,9 +11,9 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.envs.routing import EXPERTS, RouterEnv
 from autoevolve.fleet.registry import add_expert, promote, register
 from autoevolve.fleet.router import Served, converse, router_env, served_experts
+from autoevolve.harness.change_model import change_model_tool
 from autoevolve.harness.hcp import Demo, Demos, HCPConfig
 from autoevolve.harness.rollout import score_reply
-from autoevolve.harness.change_model import change_model_tool
 from autoevolve.store import Store
 
 ROUTER = HCPConfig.from_yaml("prompts/router.yaml")

@@ -37,8 +37,8 @@ from autoevolve.fleet import registry
 from autoevolve.fleet.router import latest_turn
 from autoevolve.fleet.serving.calls import View, caller, cut, harnessed_call, in_context, read_calls
 from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation
-from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.change_model import CHANGE_MODEL, change_model_tool, switched
+from autoevolve.harness.hcp import HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import ChatRequest, Completion
 from autoevolve.records import Expert, Message, Trajectory
