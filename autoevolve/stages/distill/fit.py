@@ -5,7 +5,8 @@ is saved in PEFT safetensors format with ``base_model_name_or_path`` set to the 
 Each trainer (``sft``, ``dpo``, ``grpo``) only builds its TRL trainer; ``fit`` does the rest, on CPU (fp32) or one
 CUDA device (bf16), same code. With ``epoch_grid`` the training length is chosen on dev: after each listed epoch the
 adapter is saved and handed to the caller's judge (a dev score), training stops at the first epoch that does not
-beat the best before it, and the best epoch's adapter is the one saved.
+beat the best before it (while every epoch so far scores 0 there is no signal to stop on: a few examples need more
+passes), and the best epoch's adapter is the one saved.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def _on_dev(grid: list[int] | None, judge: Judge | None, folder: Path, base: str
     from transformers import TrainerCallback
 
     class LengthOnDev(TrainerCallback):
-        """Saves and judges the adapter at the grid's epochs; stops at the first that does not beat the best."""
+        """Saves and judges the adapter at the grid's epochs; stops at the first that does not beat the best (once
+        one scores above 0)."""
 
         def __init__(self) -> None:
             self.scores: dict[int, float] = {}
@@ -101,7 +103,8 @@ def _on_dev(grid: list[int] | None, judge: Judge | None, folder: Path, base: str
             if not self.best or score > self.scores[self.best]:
                 self.best = epoch
             say(f"  train: epoch {epoch} scores {score:.3f} on dev (best: epoch {self.best})")
-            if self.best != epoch or score >= 1.0:
+            stalled = self.best != epoch and self.scores[self.best] > 0  # nothing scoring yet: no signal to stop on
+            if stalled or score >= 1.0:
                 control.should_training_stop = True
 
         def keep_best(self, out_dir: Path) -> Path:

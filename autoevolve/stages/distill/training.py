@@ -27,8 +27,9 @@ class TrainSettings(_Settings):
     epoch_grid: list[int] | None = Field(
         default=None,
         description="Choose the training length on dev: train up to the largest of these epochs, score the adapter "
-        "on dev tasks after each, stop at the first that does not beat the best before it (or once one scores 1.0) "
-        "and keep the best, the earliest of equals; ``epochs`` is then not used. None: train ``epochs``.",
+        "on dev tasks after each, stop at the first that does not beat the best before it (once one scores above 0) "
+        "or once one scores 1.0, and keep the best, the earliest of equals; ``epochs`` is then not used. None: train "
+        "``epochs``.",
     )
     learning_rate: float = Field(
         default=1e-3, gt=0, description="Peak AdamW learning rate, decayed linearly to 0; LoRA on 135M takes ~1e-3."

@@ -66,7 +66,8 @@ def test_serve_runs_the_registry_and_records_what_it_served(tmp_path: Path, tiny
 
 def test_serve_refuses_a_missing_store_and_a_bad_harness(tmp_path: Path, capsys) -> None:
     assert main(["serve", "--store", str(tmp_path / "none.duckdb")]) == 2
-    assert capsys.readouterr().err.strip() == f"autoevolve: no store at {tmp_path / 'none.duckdb'} (pass --store PATH)"
+    missing = f"autoevolve: no store at {tmp_path / 'none.duckdb'} (pass --store with an existing store's path; a run"
+    assert capsys.readouterr().err.strip() == f"{missing} creates one)"
     Store(tmp_path / "s.duckdb").close()
     assert main(["serve", "--store", str(tmp_path / "s.duckdb"), "--hcp", "L1-life=nowhere.yaml"]) == 2
     err = capsys.readouterr().err

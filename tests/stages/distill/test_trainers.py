@@ -226,6 +226,8 @@ def test_the_training_length_is_chosen_on_dev_and_the_best_epochs_adapter_is_kep
     kept = _adapter(result.path)
     assert all(torch.equal(kept[k], seen[2][k]) for k in kept) and not (tmp_path / "a" / "epochs").exists()
     assert any(not torch.equal(seen[2][k], seen[4][k]) for k in kept)
+    silent = train_sft(_examples(4), tiny, tmp_path / "z", grid, judge=lambda path, epoch: 0.0)
+    assert (silent.epochs, silent.steps) == (1.0, 16) and list(silent.dev_by_epoch) == ["1", "2", "4", "8"]  # no signal
     full = train_sft(_examples(4), tiny, tmp_path / "b", grid, judge=lambda path, epoch: 1.0)
     assert (full.epochs, full.steps, full.dev_by_epoch) == (1.0, 2, {"1": 1.0})  # nothing beats a full score
     with pytest.raises(ValueError, match="epoch_grid chooses the training length on dev: it needs a judge"):
