@@ -163,6 +163,7 @@ def plot(budgets: list[dict[str, Any]], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     print(f"wrote {path}")
 
@@ -192,6 +193,8 @@ def main() -> None:
             HOME.mkdir(parents=True, exist_ok=True)
             CELLS.write_text(json.dumps(cells, indent=1) + "\n")  # a kill loses at most the cell in progress
     wanted = [c for c in cells.values() if c["seed"] in args.seeds and c["labels"] in args.budgets]
+    if not wanted:
+        sys.exit(f"no cell made by today's code (code id {code_id()}) in {CELLS}: run without --report")
     by_budget = sorted({c["labels"] for c in wanted})
     budgets = [summary(sorted((c for c in wanted if c["labels"] == n), key=lambda c: c["seed"])) for n in by_budget]
     for b, p in zip(budgets, holm([b["loop_minus_best_p"] for b in budgets]), strict=True):
