@@ -57,6 +57,9 @@ def _log_to(path: Path, verbose: bool) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.captureWarnings(True)
     warned = logging.getLogger("py.warnings")
+    for old in [h for h in warned.handlers if isinstance(h, logging.FileHandler)]:  # an earlier run in this process
+        warned.removeHandler(old)
+        old.close()
     warned.addHandler(handler)
     warned.propagate = verbose
     if not verbose:
