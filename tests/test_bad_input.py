@@ -213,3 +213,11 @@ def test_an_environment_whose_score_raises_is_one_line_naming_the_method_and_tas
     assert line.startswith("autoevolve: env broken: score on task broken/life-1-") and line.endswith(
         "ZeroDivisionError: division by zero"
     ), line
+
+
+def test_a_factory_that_raises_anything_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "boom_env.py").write_text("def make():\n    raise RuntimeError('the data server is down')\n")
+    line = _one_line(_cli("check", str(_config(tmp_path, "env: {loader: boom_env.py:make}\n"))))
+    assert line == "autoevolve: config error: " + str(tmp_path / "run.yaml") + (
+        ": env: make() raised RuntimeError: the data server is down"
+    ), line

@@ -133,12 +133,14 @@ def path_arguments(factory: Callable[..., Any]) -> set[str]:
 
 
 def build(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    """Call the factory; a ValueError or TypeError it raises becomes an EnvLoadError naming it."""
+    """Call the factory; whatever it raises becomes an EnvLoadError naming it and the exception."""
     label = getattr(factory, "__qualname__", repr(factory))
     try:
         env = factory(**kwargs)
     except (ValueError, TypeError, KeyError, OSError) as exc:
         raise EnvLoadError(f"env: {label}(): {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the factory's own bug, said in one line like any refusal
+        raise EnvLoadError(f"env: {label}() raised {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     for attr in ("name", "tasks", "tools", "start", "reference"):
         if not hasattr(env, attr):
             raise EnvLoadError(
