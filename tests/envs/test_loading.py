@@ -203,7 +203,7 @@ def test_check_prints_what_the_environment_skipped_and_why(tmp_path: Path, capsy
     path.write_text(f"hcp: {ROOT}/prompts/fncall.yaml\nenv: {{name: fncall, args: {{path: {data}}}, tiers: [1, 2]}}\n")
     assert cli.main(["check", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].endswith("env fncall: 5 train, 2 dev, 2 test tasks)") and len(lines) == 3
+    assert "env fncall: 5 train, 2 dev, 2 test tasks; 3 references scored 1.0" in lines[0] and len(lines) == 3
     assert (
         lines[1] == "  skipped 1 question: no ground truth (BFCL's irrelevance and relevance categories: the right "
         "reply is no call)"
