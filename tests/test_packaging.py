@@ -38,7 +38,7 @@ def test_the_package_list_names_every_package_folder() -> None:
 def test_the_wheel_holds_every_module_and_the_data_it_reads(wheel_names: set[str]) -> None:
     sources = {str(p.relative_to(ROOT)) for p in (ROOT / "autoevolve").rglob("*.py")}
     assert sources - wheel_names == set()
-    assert "autoevolve/evolve/meta_prompts.yaml" in wheel_names  # the reflective mutator's default meta-prompts
+    assert "autoevolve/stages/evolve/meta_prompts.yaml" in wheel_names  # the reflective mutator's default meta-prompts
     data = {str(p.relative_to(ROOT)) for p in (ROOT / "autoevolve" / "envs" / "data").glob("*.jsonl")}
     assert data and data <= wheel_names
     flows = {f"autoevolve_flows/{p.name}" for p in (ROOT / "flows").glob("*.py")}

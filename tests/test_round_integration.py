@@ -26,12 +26,12 @@ seed: 0
 hcp: {root}/prompts/life.yaml
 store: {tmp}/store.duckdb
 run_dir: {tmp}/runs
-env: {{tiers: [1], n_train: 96, n_dev: 16, n_test: 16}}
+env: {{tiers: [1], n_train: 96, n_dev: 24, n_test: 16}}
 labels: {{budget: 8}}
-evolve: {{train_tasks: 12, candidates: 1, mutators: [demos], demo_pool: 12}}
+evolve: {{train_tasks: 12, dev_tasks: 16, candidates: 1, mutators: [demos], demo_pool: 12}}
 select: {{train_tasks: 48}}
-distill: {{epoch_grid: [1, 2], dev_tasks: 8, batch_size: 4}}
-gate: {{dev_tasks: 8, test_tasks: 8, guard: {{env: {{tiers: [2], n_train: 8, n_dev: 4, n_test: 4}}, tasks: 4}}}}
+distill: {{epoch_grid: [1, 2, 4], dev_tasks: 8, batch_size: 4}}
+gate: {{dev_tasks: 16, test_tasks: 8, guard: {{env: {{tiers: [2], n_train: 8, n_dev: 4, n_test: 4}}, tasks: 4}}}}
 """
 LEARNED = 0.5  # the new adapter's lead over the bare base on the 8 test tasks (the base solves none of them)
 
@@ -70,7 +70,9 @@ def test_round_end_to_end(round_run, smol_policy) -> None:
         selection = store.selection(adapter.selection_id)
         ledger = store.candidates("it-round")
     assert [c.hcp_id for c in ledger] == [c["hcp_id"] for c in report["candidates"]]  # every attempt has a row
-    assert ledger[0].mutator == "seed" and all(c.parents == [ledger[0].hcp_id] for c in ledger[1:])
+    assert ledger[0].mutator == "seed" and ledger[1].mutator == "labels"  # the search starts from the labels
+    assert ledger[1].parents == [ledger[0].hcp_id]
+    assert all(set(c.parents) <= {p.hcp_id for p in ledger[:i]} for i, c in enumerate(ledger) if i)
     assert len(ledger[0].scores) == 16 and report["evolve"]["budget"]["rollouts"] == ledger[-1].rollouts_used
     assert report["selected"] == len(selection.items) >= 1
     assert adapter.hcp_id == config.original_hcp().id and adapter.evolved_hcp_id == report["hcp"]["evolved"]
@@ -105,7 +107,7 @@ def test_the_round_learned_from_the_labels_and_the_harvest(round_run) -> None:
         selection = store.selection(store.adapters("L1-life")[0].selection_id)
     assert not {i.task_id for i in selection.items} & set(report["labels"]["tasks"])  # wins on unlabelled tasks
     assert report["train"]["examples"] == report["selected"] + 8  # the wins and the 8 references
-    assert set(report["train"]["dev_by_epoch"]) <= {"1", "2"} and report["train"]["epochs"] in (1.0, 2.0)
+    assert set(report["train"]["dev_by_epoch"]) <= {"1", "2", "4"} and report["train"]["epochs"] in (1.0, 2.0, 4.0)
     gain = report["eval"]["new_original"] - report["eval"]["live_original"]
     assert gain >= LEARNED, f"the round did not learn: new adapter {gain:+.3f} over the base on test"
 

@@ -37,19 +37,28 @@ def say(text: str) -> None:
     log.info(text)
 
 
-def print_progress(label: str, done: int, total: int, width: int = 24) -> None:
-    """A progress bar on stderr, one line that updates in place: what, how many of how many, the rate and the time
-    left (measured from the first call for this label)."""
+def print_progress(label: str, done: int, total: int, width: int = 24, note: str = "") -> None:
+    """A progress bar on stderr: what, how many of how many, a ``note`` that changes as it goes (the last loss),
+    the rate and the time left (measured from the first call for this label). On a terminal one line updates in
+    place; elsewhere (a log file, a pipe) a plain line is written when the bar ends and at most every
+    ``QUIET_EVERY`` seconds before, with no control characters."""
     now = time.monotonic()
-    started = _STARTED.setdefault(label, (now, done))
+    started, shown = _STARTED.setdefault(label, (now, done)), _SHOWN.setdefault(label, now)
     rate = (done - started[1]) / (now - started[0]) if now > started[0] and done > started[1] else 0.0
     pace = f" ({rate:.1f}/s, {(total - done) / rate:.0f} s left)" if rate and done < total else ""
     filled = width * done // max(total, 1)
-    end = "\n" if done >= total else ""
-    if done >= total:
+    finished = done >= total
+    if finished:
         del _STARTED[label]
-    bar = "#" * filled + "." * (width - filled)
-    print(f"\r  [{bar}] {done}/{total} {label}{pace}\x1b[K", end=end, file=sys.stderr, flush=True)
+        _SHOWN.pop(label, None)
+    line = f"  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}{note}{pace}"
+    if sys.stderr.isatty():
+        print(f"\r{line}\x1b[K", end="\n" if finished else "", file=sys.stderr, flush=True)
+    elif finished or now - shown >= QUIET_EVERY:
+        _SHOWN[label] = now
+        print(line, file=sys.stderr, flush=True)
 
 
+QUIET_EVERY = 30.0  # seconds between a bar's lines where stderr is no terminal
+_SHOWN: dict[str, float] = {}  # label -> when its last plain line was written (stderr no terminal)
 _STARTED: dict[str, tuple[float, int]] = {}  # label -> (when its bar began, the count then)

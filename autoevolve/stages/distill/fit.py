@@ -205,7 +205,7 @@ def save_adapter(model: Any, out_dir: str | Path, base: str) -> Path:
 def _print_step(row: dict) -> None:
     """Training progress on stderr: a bar of steps and the last loss, one line updated in place."""
     if "loss" in row:
-        print_progress(f"train (loss {row['loss']:.3f})", row["step"], row["max_steps"])
+        print_progress("train", row["step"], row["max_steps"], note=f" (loss {row['loss']:.3f})")
 
 
 def progress_callback(progress: Callable[[dict], None]) -> Any:
