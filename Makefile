@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# Prefect's client telemetry (and its first-run notice) off, like its server's: nothing leaves the machine.
+export DO_NOT_TRACK := 1
 BFCL_VERSION := 2026.3.23
 
 .PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-headroom
