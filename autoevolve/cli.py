@@ -1,7 +1,7 @@
 """The autoevolve command: self-evolution rounds for an LLM agent's LoRA expert, and the tools to read and serve them.
 
 autoevolve run configs/quickstart.yaml    self-evolution rounds (Prefect flows, no server needed)
-autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, do nothing else
+autoevolve check configs/quickstart.yaml  validate a run config and its HCP file, run the environment with no model
 autoevolve eval configs/quickstart.yaml   score an adapter and HCP config on an environment's tasks (eval.json)
 autoevolve candidates quickstart          the stage-1 ledger of a run: lineage, status, scores
 autoevolve diff quickstart seed best      what changed between two of a run's HCP configs
@@ -49,21 +49,32 @@ def refusing(*kinds: type[BaseException], code: int = 2, prefix: str = "") -> It
         raise CommandError(f"{prefix}{text}", code) from None
 
 
+LIBRARY_LOGGERS = ("py.warnings", "autoevolve", "transformers", "trl", "peft", "datasets", "accelerate", "httpx")
+
+
 def _log_to(path: Path, verbose: bool) -> None:
-    """Library warnings go to the run's log file, and Prefect's own lines stay off the terminal: one screen shows the
-    run's progress and results. With ``verbose`` both show on the terminal too (a deployed run logs all to Prefect)."""
+    """Library warnings and log lines (each training step's row among them) go to the run's log file, and Prefect's
+    own lines stay off the terminal: one screen shows the run's progress and results. With ``verbose`` they show on
+    the terminal too (a deployed run logs all to Prefect)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.captureWarnings(True)
-    warned = logging.getLogger("py.warnings")
-    for old in [h for h in warned.handlers if isinstance(h, logging.FileHandler)]:  # an earlier run in this process
-        warned.removeHandler(old)
-        old.close()
-    warned.addHandler(handler)
-    warned.propagate = verbose
+    for name in LIBRARY_LOGGERS:  # the narration logger prints on its own and is left alone
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if isinstance(h, logging.FileHandler)]:  # an earlier run's
+            logger.removeHandler(old)
+            old.close()
+        logger.addHandler(handler)
+        logger.propagate = False
+        if verbose and not any(type(h) is logging.StreamHandler for h in logger.handlers):
+            logger.addHandler(logging.StreamHandler(sys.stderr))
+    logging.getLogger("autoevolve.training").setLevel(logging.INFO)
+    from transformers.utils import logging as hf_logging  # its own stderr handler, added when it is first imported
+
     if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")  # read when the flows import Prefect
+        hf_logging.disable_default_handler()
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")  # read when the flows import Prefect
 
 
 def _version() -> str:
@@ -87,6 +98,31 @@ def _positive(text: str) -> int:
     return value
 
 
+def _tier(text: str) -> int:
+    """An expert's tier: a whole number of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0: 0 is the entry expert, 1+ the experts it routes to")
+    return value
+
+
+@contextmanager
+def _kept_only_if_done(path: str | Path) -> Iterator[None]:
+    """A store this command creates is removed again if the command is refused (its input was wrong, exit 2):
+    a refused command leaves nothing behind. What a failing endpoint or an interrupt leaves is work done: it stays."""
+    new = not Path(path).exists()
+    try:
+        yield
+    except CommandError as exc:
+        if new and exc.code == 2:
+            for leftover in (Path(path), Path(f"{path}.wal")):
+                leftover.unlink(missing_ok=True)
+        raise
+
+
 def _store_file(path: str) -> None:
     """A read command's store must exist (it is never created by reading)."""
     if not Path(path).is_file():
@@ -101,14 +137,23 @@ def main(argv: list[str] | None = None) -> int:
         "-v", "--verbose", action="store_true", help="also show library warnings and Prefect's own log lines"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run a config's self-evolution rounds (or resume them)", description=_RUN_HELP)
+    verbose = argparse.ArgumentParser(add_help=False)  # -v after the command too ('autoevolve run -v x.yaml')
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    run = sub.add_parser(
+        "run", help="run a config's self-evolution rounds (or resume them)", description=_RUN_HELP, parents=[verbose]
+    )
     run.add_argument("config", help="run config YAML, e.g. configs/quickstart.yaml")
     run.add_argument(
         "--auto-approve", action="store_true", help="promote without pausing for approval (registry.approval)"
     )
-    check = sub.add_parser("check", help="validate a run config and its HCP file")
+    check = sub.add_parser(
+        "check", help="validate a run config and its HCP file, and run the environment with no model",
+        description=_CHECK_HELP, parents=[verbose],
+    )  # fmt: skip
     check.add_argument("config", help="run config YAML")
-    ev = sub.add_parser("eval", help="score an adapter/config pair on an environment's tasks", description=_EVAL_HELP)
+    ev = sub.add_parser(
+        "eval", help="score an adapter/config pair on an environment's tasks", description=_EVAL_HELP, parents=[verbose]
+    )
     ev.add_argument("config", help="run config YAML: its store, model, expert, environment and original HCP")
     ev.add_argument("--adapter", help="NAME@V, an adapter folder, or 'base' (default: the expert's live version)")
     ev.add_argument("--hcp", default="seed", help="'seed' (default), 'best', a stored HCP id (prefix) or a YAML file")
@@ -179,6 +224,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "deploy":
         return _deploy(config, args.config, args.dry_run)
     if args.command == "eval":
+        _log_to(Path(config.run_dir) / str(config.run_id) / "run.log", args.verbose)
         return _eval(config, args)
     if args.auto_approve:
         config.registry.approval = False
@@ -190,6 +236,14 @@ _RUN_HELP = (
     "Run the config's rounds (1 unless it sets rounds: N), each: prompt evolution on train tasks, selection of "
     "the rollouts the best config unlocked, LoRA distillation under the original config, the dev gate, and the "
     "2x2 report on test tasks. Writes report.json (the last round) and rounds.json under run_dir/run_id."
+)
+
+
+_CHECK_HELP = (
+    "Validate the run config and the HCP file it names, list the environment's tasks, and run it with no model: "
+    "for the first tasks of each split, each reference through a real episode (it must score 1.0) and a reply with "
+    "no call (its score must be a number in [0, 1]). Nothing is stored and no model loads. An environment whose own "
+    "code raises is one line naming the method and the task."
 )
 
 
@@ -264,7 +318,7 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
     add = act.add_parser("add-expert", help="register an expert (metadata only) or update its tier and rule")
     add.add_argument("name", help="e.g. L2-code (letters, digits, '.', '_', '-')")
     add.add_argument("--base-model", required=True, help="base model id every version must be trained on")
-    add.add_argument("--tier", type=int, default=1, help="0: the entry expert; 1+: experts it routes to")
+    add.add_argument("--tier", type=_tier, default=1, help="0: the entry expert; 1+: experts it routes to")
     add.add_argument("--rule", default="", help="routing rule: one sentence saying when to hand a turn here")
     for p in (lst, show, pro, back, add):  # --store before or after the action: both read the same
         p.add_argument("--store", default=argparse.SUPPRESS, help=f"DuckDB store (default {DEFAULT_STORE})")
@@ -273,12 +327,12 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
 def _registry(args: argparse.Namespace) -> int:
     """Run a registry action; exit 2 with one line for an unknown expert or version, a refused adapter, a busy store."""
     from autoevolve.fleet import registry
-    from autoevolve.store import Store, StoreError
+    from autoevolve.store import StoreError
 
     if args.action != "add-expert":  # only registering an expert may create a store
         _store_file(args.store)
-    with refusing(registry.PromotionRolledBack, code=1), refusing(KeyError, ValueError, StoreError):
-        with Store.snapshot(args.store) if args.action in ("list", "show") else Store(args.store) as store:
+    with _kept_only_if_done(args.store), refusing(registry.PromotionRolledBack, code=1):
+        with refusing(KeyError, ValueError, StoreError), _open_for(args.action, args.store) as store:
             if args.action == "list":
                 print(registry.format_experts(store))
             elif args.action == "show":
@@ -293,6 +347,13 @@ def _registry(args: argparse.Namespace) -> int:
                 e = registry.add_expert(store, args.name, args.base_model, args.tier, args.rule)
                 print(f"expert {e.name} registered (tier {e.tier}, base {e.base_model})")
     return 0
+
+
+def _open_for(action: str, path: str):  # noqa: ANN202 - the store module is imported lazily
+    """The store a registry action reads (a snapshot) or writes."""
+    from autoevolve.store import Store
+
+    return Store.snapshot(path) if action in ("list", "show") else Store(path)
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -418,8 +479,8 @@ def _eval(config: RunConfig, args: argparse.Namespace) -> int:
     )
 
     run_id = args.run_id or f"{config.run_id}-eval"
-    with refusing(EndpointDown, code=1), refusing(ConfigError, EnvLoadError, StoreError, EnvironmentFault):
-        with Store(config.store) as store:
+    with _kept_only_if_done(config.store), refusing(EndpointDown, code=1):
+        with refusing(ConfigError, EnvLoadError, StoreError, EnvironmentFault), Store(config.store) as store:
             settings = env_settings(config, args.env)
             env = settings.make()
             hcp = pick_hcp(store, config, env.tools(), args.hcp)

@@ -332,6 +332,9 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"{config.hcp}: not valid YAML: {' '.join(str(exc).split())}") from None
     except ValueError as exc:  # a tool or parameter the environment lacks
         raise ConfigError(f"{config.hcp}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the environment's own bug in tools(), said in one line
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ConfigError(f"{path}: env {config.env.make().name}: tools: {what}") from None
     _check_constrainable(config, path)
     return config
 

@@ -183,6 +183,24 @@ def test_eval_refuses_what_it_cannot_score_in_one_line(tmp_path: Path, args: lis
         _cli("eval", str(_config(tmp_path, "env: {tiers: [1], n_train: 8, n_dev: 4, n_test: 4}\n")), *args)
     )
     assert line.startswith(message), line
+    assert not (tmp_path / "s.duckdb").exists()  # a refused eval leaves no store behind
+
+
+def test_verbose_goes_before_or_after_the_command(tmp_path: Path) -> None:
+    config = str(_config(tmp_path, "env: {tiers: [1], n_train: 8, n_dev: 4, n_test: 4}\n"))
+    for args in (["-v", "check", config], ["check", "-v", config], ["check", config, "--verbose"]):
+        done = _cli(*args)
+        assert done.returncode == 0 and ": ok (run run, original HCP " in done.stdout, (args, done.stderr)
+
+
+def test_a_refused_add_expert_creates_no_store(tmp_path: Path) -> None:
+    store = str(tmp_path / "new.duckdb")
+    line = _one_line(_cli("registry", "add-expert", "bad name!", "--base-model", BASE, "--store", store))
+    assert line.startswith("autoevolve: expert name 'bad name!' is not allowed") and not Path(store).exists()
+    tier = _cli("registry", "add-expert", "L1-x", "--tier", "-1", "--base-model", BASE, "--store", store)
+    assert tier.returncode == 2 and "--tier: -1 is below 0" in tier.stderr and not Path(store).exists()
+    assert _cli("registry", "add-expert", "L1-x", "--base-model", BASE, "--store", store).returncode == 0
+    assert Path(store).exists()
 
 
 BROKEN = """
@@ -202,7 +220,7 @@ class BrokenLife(LifeEnv):
 """
 
 
-@pytest.mark.parametrize("command", [["check"], ["eval", "--tasks", "2"]])
+@pytest.mark.parametrize("command", [["check"], ["eval", "--tasks", "2"], ["run"]])
 def test_an_environment_whose_score_raises_is_one_line_naming_the_method_and_task(
     tmp_path: Path, tiny_model_dir, command: list[str]
 ) -> None:
@@ -213,6 +231,73 @@ def test_an_environment_whose_score_raises_is_one_line_naming_the_method_and_tas
     assert line.startswith("autoevolve: env broken: score on task broken/life-1-") and line.endswith(
         "ZeroDivisionError: division by zero"
     ), line
+
+
+FAULTY = """
+from autoevolve.envs.life import LifeEnv, LifeEpisode
+
+
+class Faulty(LifeEnv):
+    name = "faulty"
+
+    def __init__(self, fault, **kwargs):
+        super().__init__(**kwargs)
+        self.fault = fault
+
+    def tasks(self, split):
+        if self.fault == "tasks":
+            raise RuntimeError("the task list is gone")
+        return super().tasks(split)
+
+    def tools(self):
+        if self.fault == "tools":
+            raise RuntimeError("no tools today")
+        return super().tools()
+
+    def reference(self, task):
+        if self.fault == "reference":
+            raise RuntimeError("no answer key")
+        self.solving = True  # life's reference plays the task through its own start
+        try:
+            return super().reference(task)
+        finally:
+            self.solving = False
+
+    def start(self, task):
+        if getattr(self, "solving", False):
+            return super().start(task)
+        if self.fault == "start":
+            raise RuntimeError("cannot open the world")
+        episode = super().start(task)
+        if self.fault == "call":
+            def call(name, arguments):
+                raise RuntimeError("the backend is down")
+            episode.call = call
+        if self.fault == "score_range":
+            episode.score = lambda messages: (2.0, "too much")
+        return episode
+"""
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("tasks", "env faulty: tasks: RuntimeError: the task list is gone"),
+        ("tools", "env faulty: tools: RuntimeError: no tools today"),
+        ("reference", "env faulty: reference on task faulty/life-1-"),
+        ("start", "env faulty: start on task faulty/life-1-"),
+        ("call", "on task faulty/life-1-"),
+        ("score_range", "env faulty: score on task faulty/life-1-"),
+    ],
+)
+def test_check_names_the_method_of_an_environment_that_fails(tmp_path: Path, fault: str, message: str) -> None:
+    """Every method of the protocol that raises (or a score out of range) is one line from check, exit 2."""
+    (tmp_path / "faulty_env.py").write_text(FAULTY)
+    env = f"{{loader: faulty_env.py:Faulty, args: {{fault: {fault}}}, tiers: [1], n_train: 8, n_dev: 4, n_test: 4}}"
+    line = _one_line(_cli("check", str(_config(tmp_path, f"env: {env}\n"))))
+    assert message in line, line
+    what = {"call": "env faulty: call(", "score_range": "returned (2.0, 'too much'), not (reward in [0, 1], text)"}
+    assert what.get(fault, "RuntimeError: ") in line and not (tmp_path / "s.duckdb").exists()
 
 
 def test_a_factory_that_raises_anything_is_one_line(tmp_path: Path) -> None:

@@ -234,4 +234,6 @@ def test_a_run_prints_one_screen_progress_and_summaries_with_warnings_in_the_run
     for stage in ("plan", "evolve", "select", "distill", "gate", "decide", "report"):
         assert sum(line.startswith(f"  {stage}: ") for line in said) == 1, (stage, said)
     assert "  distill: L1-life@v1 trained on 4 examples" in done.stdout and "mean reward [95% CI]" in done.stdout
-    assert "FutureWarning" in (tmp_path / "runs" / "tiny" / "run.log").read_text()  # kept, off the screen
+    log = (tmp_path / "runs" / "tiny" / "run.log").read_text()
+    assert "FutureWarning" in log  # kept, off the screen
+    assert 'INFO autoevolve.training: {"epoch": ' in log and '"loss": ' in log  # each training step's row

@@ -77,6 +77,9 @@ def build_env(
         raise
     except ValueError as exc:  # its tasks could not be listed (bad data, a malformed Task)
         raise loading.EnvLoadError(f"env: {env.name}: listing its tasks failed: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # noqa: BLE001 - the environment's own bug in tasks(), said in one line
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise loading.EnvLoadError(f"env {env.name}: tasks: {what}") from None
 
 
 def namespaced(env: Environment) -> Environment:

@@ -85,6 +85,8 @@ def _module_from_file(path: Path, spec: str) -> Any:
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
+    if str(resolved.parent) not in sys.path:  # the file may import the modules beside it, as a script would
+        sys.path.append(str(resolved.parent))
     sys.modules[name] = module  # before running it: dataclasses and pickling look modules up by name
     try:
         module_spec.loader.exec_module(module)

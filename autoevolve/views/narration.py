@@ -21,6 +21,7 @@ class TerminalHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            _clear_bar()
             print(record.getMessage(), file=sys.stdout, flush=True)
         except Exception:  # a closed stream must not break a run
             self.handleError(record)
@@ -40,8 +41,10 @@ def say(text: str) -> None:
 def print_progress(label: str, done: int, total: int, width: int = 24, note: str = "") -> None:
     """A progress bar on stderr: what, how many of how many, a ``note`` that changes as it goes (the last loss),
     the rate and the time left (measured from the first call for this label). On a terminal one line updates in
-    place; elsewhere (a log file, a pipe) a plain line is written when the bar ends and at most every
-    ``QUIET_EVERY`` seconds before, with no control characters."""
+    place and is cleared when the bar ends (the stage's summary line takes its place); elsewhere (a log file, a
+    pipe) a plain line is written when the bar ends and at most every ``QUIET_EVERY`` seconds before, with no
+    control characters."""
+    global _LIVE
     now = time.monotonic()
     started, shown = _STARTED.setdefault(label, (now, done)), _SHOWN.setdefault(label, now)
     rate = (done - started[1]) / (now - started[0]) if now > started[0] and done > started[1] else 0.0
@@ -53,12 +56,23 @@ def print_progress(label: str, done: int, total: int, width: int = 24, note: str
         _SHOWN.pop(label, None)
     line = f"  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}{note}{pace}"
     if sys.stderr.isatty():
-        print(f"\r{line}\x1b[K", end="\n" if finished else "", file=sys.stderr, flush=True)
+        _LIVE = not finished
+        print("\r\x1b[K" if finished else f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
     elif finished or now - shown >= QUIET_EVERY:
         _SHOWN[label] = now
         print(line, file=sys.stderr, flush=True)
 
 
+def _clear_bar() -> None:
+    """Clear a live bar on the terminal before a line of narration is printed (the bar is drawn again on its next
+    update), so the two never share a line."""
+    global _LIVE
+    if _LIVE and sys.stderr.isatty():
+        print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+    _LIVE = False
+
+
 QUIET_EVERY = 30.0  # seconds between a bar's lines where stderr is no terminal
+_LIVE = False  # a bar is drawn on the terminal's last line
 _SHOWN: dict[str, float] = {}  # label -> when its last plain line was written (stderr no terminal)
 _STARTED: dict[str, tuple[float, int]] = {}  # label -> (when its bar began, the count then)

@@ -136,6 +136,8 @@ def write_eval(result: dict[str, Any], path: Path) -> Path:
 def format_failures(trajs: list[Trajectory], k: int, last: int = 3) -> str:
     """Up to ``k`` rollouts that did not reach a full reward: the task, its reward and the environment's feedback,
     and the conversation's last messages (tool results included)."""
+    if not trajs:
+        return "no rollouts to show: nothing was scored on test yet"
     failed = [t for t in trajs if t.reward < 1.0][:k]
     if not failed:
         return "no failed rollout to show: every task reached a full reward"

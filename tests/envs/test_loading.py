@@ -219,3 +219,11 @@ def test_a_loaded_config_survives_a_round_trip_through_json(tmp_path: Path, toy:
     config = load_config(_config(tmp_path, "{loader: 'toy_env.py:Toy', args: {size: 2}}"))
     again = RunConfig.model_validate_json(config.model_dump_json())  # as a deployment's parameters arrive
     assert again.env.make().size == 2 and again.original_hcp().id == config.original_hcp().id
+
+
+def test_a_loader_file_imports_the_modules_beside_it(tmp_path: Path) -> None:
+    (tmp_path / "helpers_beside.py").write_text("SIZE = 7\n")
+    (tmp_path / "uses_helper.py").write_text(
+        TOY + "\nfrom helpers_beside import SIZE\n\ndef make():\n    return Toy(SIZE)\n"
+    )
+    assert make_env(loader=str(tmp_path / "uses_helper.py") + ":make").size == 7

@@ -14,13 +14,17 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_a_bar_on_a_terminal_updates_in_place_and_ends_with_a_newline(monkeypatch: pytest.MonkeyPatch) -> None:
-    err = _Terminal()
+def test_a_bar_on_a_terminal_updates_in_place_and_gives_way_to_narration(monkeypatch: pytest.MonkeyPatch) -> None:
+    err, out = _Terminal(), io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
-    for done in range(4):
+    monkeypatch.setattr("sys.stdout", out)
+    narration.print_progress("eval", 0, 3, width=3)
+    narration.say("  gate: promote")  # a line of narration clears the live bar first
+    for done in range(1, 4):
         narration.print_progress("eval", done, 3, width=3)
-    assert err.getvalue().count("\r") == 4 and err.getvalue().endswith("] 3/3 eval\x1b[K\n")
-    assert err.getvalue().count("\n") == 1
+    assert err.getvalue().startswith("\r  [...] 0/3 eval\x1b[K\r\x1b[K\r  [#..] 1/3 eval")
+    assert err.getvalue().endswith(" s left)\x1b[K\r\x1b[K") and "\n" not in err.getvalue()  # cleared at the end
+    assert out.getvalue() == "  gate: promote\n"
 
 
 def test_a_bar_in_a_log_file_is_plain_lines_the_last_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:

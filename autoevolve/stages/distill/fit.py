@@ -12,6 +12,7 @@ passes), and the best epoch's adapter is the one saved.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -24,6 +25,7 @@ from autoevolve.records import TrainResult
 from autoevolve.stages.distill.training import TrainSettings
 from autoevolve.views.narration import print_progress, say
 
+STEPS = logging.getLogger("autoevolve.training")  # one JSON row per logged optimiser step
 TRAINING_LOG = "training_log.jsonl"  # in every adapter folder: the trainer's log rows, one JSON object a line
 
 
@@ -203,7 +205,9 @@ def save_adapter(model: Any, out_dir: str | Path, base: str) -> Path:
 
 
 def _print_step(row: dict) -> None:
-    """Training progress on stderr: a bar of steps and the last loss, one line updated in place."""
+    """Training progress on stderr: a bar of steps and the last loss, one line updated in place; the whole row to
+    the ``autoevolve.training`` logger (the run's log file; the terminal too with ``autoevolve -v``)."""
+    STEPS.info(json.dumps(row, sort_keys=True))
     if "loss" in row:
         print_progress("train", row["step"], row["max_steps"], note=f" (loss {row['loss']:.3f})")
 
