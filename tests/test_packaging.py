@@ -52,3 +52,8 @@ def test_the_default_meta_prompts_ship_inside_the_package() -> None:
 
     path = ReflectionSettings().meta_prompts
     assert Path(autoevolve.__file__).parent in path.parents and path.is_file()
+
+
+def test_no_two_modules_of_the_package_share_a_file_name() -> None:
+    names = [p.name for p in (ROOT / "autoevolve").rglob("*.py") if p.name != "__init__.py"]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

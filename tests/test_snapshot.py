@@ -73,8 +73,9 @@ def test_readers_see_a_growing_store_while_a_writer_holds_it(tmp_path: Path) -> 
         stderr=subprocess.PIPE,
         text=True,
     )
-    seen = []
+    seen, deadline = [], time.monotonic() + 120  # the writer takes about 7 s
     while writer.poll() is None:
+        assert time.monotonic() < deadline, "the writer did not finish in 120 s"
         with Store.snapshot(path) as store:
             seen.append(_count(store))
         time.sleep(0.1)

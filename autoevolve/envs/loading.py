@@ -4,6 +4,7 @@ A name is looked up in the ``autoevolve.environments`` entry-point group (the bu
 ``pyproject.toml``), so an installed package adds ``env: {name: my-env}`` by declaring one entry point. A loader
 is ``package.module:factory`` (an importable module) or ``path/to/file.py:factory`` (a local file). A factory is
 any callable that returns an Environment: a class, or a function. Its own signature says which arguments it takes.
+A built environment whose task ids do not start with its name is served under 'name/id' ids (``namespaced``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
+
+from autoevolve.envs.environment import Environment, Episode
+from autoevolve.records import Message, Split, Task
 
 GROUP = "autoevolve.environments"
 
@@ -149,3 +153,76 @@ def build(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
                 f"env: {label}() returned {type(env).__name__}, which has no {attr!r} (see docs/environments.md)"
             )
     return env
+
+
+def make_env(name: str = "life", *, loader: str | None = None, **args: Any) -> Environment:
+    """Build an environment by registered name (or ``loader``: 'module:factory', 'file.py:factory'), passing
+    ``args`` to its factory (a name the factory does not take raises EnvLoadError)."""
+    return build_env(name, loader, args)
+
+
+def build_env(
+    name: str,
+    loader: str | None,
+    args: dict[str, Any],
+    common: dict[str, Any] | None = None,
+    explicit: frozenset[str] | set[str] = frozenset(),
+) -> Environment:
+    """Build an environment: ``args`` all go to its factory, ``common`` settings only where its signature takes them
+    (one of ``explicit`` it does not take is an error); task ids are namespaced by the environment's name."""
+    factory = factory_of(name, loader)
+    env = build(factory, arguments(factory, args, common or {}, explicit))
+    try:
+        return namespaced(env)
+    except EnvLoadError:
+        raise
+    except ValueError as exc:  # its tasks could not be listed (bad data, a malformed Task)
+        raise EnvLoadError(f"env: {env.name}: listing its tasks failed: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # noqa: BLE001 - the environment's own bug in tasks(), said in one line
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise EnvLoadError(f"env {env.name}: tasks: {what}") from None
+
+
+def namespaced(env: Environment) -> Environment:
+    """The environment itself when its task ids start with its name ('life-1-00001'), else it under ids that do
+    ('shop/17'): the store keys rollouts by task id, so two environments' ids must never collide."""
+    ids = [t.id for split in SPLITS for t in env.tasks(split)]
+    if len(set(ids)) < len(ids):
+        twice = next(i for i in ids if ids.count(i) > 1)
+        raise EnvLoadError(f"env {env.name}: task id {twice!r} appears twice; ids must be unique across splits")
+    if all(i.startswith((f"{env.name}-", f"{env.name}/")) for i in ids):
+        return env
+    return Namespaced(env)
+
+
+class Namespaced:
+    """An environment seen through task ids prefixed with its name; everything else is the environment's own."""
+
+    def __init__(self, env: Environment) -> None:
+        self.env, self.name = env, env.name
+
+    def tasks(self, split: Split) -> list[Task]:
+        """The environment's tasks under 'name/id' ids."""
+        return [t.model_copy(update={"id": f"{self.name}/{t.id}", "env": self.name}) for t in self.env.tasks(split)]
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The environment's tools."""
+        return self.env.tools()
+
+    def start(self, task: Task) -> Episode:
+        """The environment's episode for the task under its own id."""
+        return self.env.start(self._own(task))
+
+    def reference(self, task: Task) -> list[Message] | None:
+        """The environment's reference for the task under its own id."""
+        return self.env.reference(self._own(task))
+
+    def _own(self, task: Task) -> Task:
+        """The task as the environment made it."""
+        return task.model_copy(update={"id": task.id.removeprefix(f"{self.name}/")})
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.env, attr)  # optional extras (notes(), skipped, ...) stay reachable
+
+
+SPLITS: tuple[Split, ...] = ("train", "dev", "test")

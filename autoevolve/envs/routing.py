@@ -12,7 +12,6 @@ same loop as any other expert's.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -147,7 +146,7 @@ class RouterEnv:
         if want == self.entry:
             return [user, Message(role="assistant", content="I'm doing well, thanks for asking! How can I help?")]
         call = ToolCall.make("call_1", CHANGE_MODEL, {"model": want})
-        result = json.dumps({"model": want, "status": "switched"})
+        result = Routing().route({"model": want})
         return [
             user,
             Message(role="assistant", tool_calls=[call]),

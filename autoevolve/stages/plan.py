@@ -15,11 +15,11 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from autoevolve.config import CurriculumSettings
 from autoevolve.envs import Environment
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Split, Task, TaskPlan
+from autoevolve.stages.settings import CurriculumSettings
 from autoevolve.stats import mean
 
 

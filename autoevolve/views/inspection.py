@@ -20,6 +20,7 @@ from autoevolve.stages.distill.fit import TRAINING_LOG
 from autoevolve.stats import mean
 from autoevolve.store import Store
 from autoevolve.views.lineage import LineageError, config_diff
+from autoevolve.views.table import text_table
 from autoevolve.views.twobytwo import BARE, format_table
 
 NAN = math.nan
@@ -221,8 +222,16 @@ def best_diff(store: Store, run_id: str, round: int) -> str:
 
 
 def _text(frame: pd.DataFrame) -> str:
-    """A frame as aligned text, floats to three places and NaN as '-'."""
-    return frame.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.3f}")
+    """A frame as an aligned text table (``views.table``): floats to three places, NaN as '-', numbers right."""
+
+    def shown(value: object) -> str:
+        if isinstance(value, float):
+            return "-" if math.isnan(value) else f"{value:.3f}"
+        return str(value)
+
+    numeric = {i for i, kind in enumerate(frame.dtypes) if kind.kind in "iuf"}
+    rows = [[shown(v) for v in row] for row in frame.itertuples(index=False)]
+    return text_table([str(c) for c in frame.columns], rows, right=numeric)
 
 
 def format_inspect(store: Store, run_id: str) -> str:

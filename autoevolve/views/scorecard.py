@@ -22,6 +22,7 @@ from autoevolve.records import Message, Split, Trajectory
 from autoevolve.stats import bootstrap_ci, mean
 from autoevolve.store import Store
 from autoevolve.views.lineage import LineageError, resolve, run_candidates
+from autoevolve.views.table import text_table
 
 
 def env_settings(config: RunConfig, value: str | None) -> EnvSettings:
@@ -121,9 +122,9 @@ def format_eval(result: dict[str, Any]) -> str:
         f"mean reward {result['mean']:.3f} [{low:.3f}, {high:.3f}] on {result['n_tasks']} {result['split']} tasks "
         f"of {result['env']}: adapter {result['adapter']}, HCP {result['hcp']['id']} ({result['hcp']['name']})"
     )
-    tiers = [f"  tier {k}: {v['mean']:.3f} on {v['n_tasks']} tasks" for k, v in result["tiers"].items()]
+    rows = [[f"  tier {k}", f"{v['mean']:.3f}", f"on {v['n_tasks']} tasks"] for k, v in result["tiers"].items()]
     failed = [f"  {result['failed']} rollouts failed (reward 0; see the store)"] if result["failed"] else []
-    return "\n".join([head, *tiers, *failed])
+    return "\n".join([head, *([text_table(None, rows, right={1})] if rows else []), *failed])
 
 
 def write_eval(result: dict[str, Any], path: Path) -> Path:

@@ -37,7 +37,7 @@ from autoevolve.fleet import registry
 from autoevolve.fleet.router import latest_turn
 from autoevolve.fleet.serving.calls import View, caller, cut, harnessed_call, in_context, read_calls
 from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation
-from autoevolve.harness.change_model import CHANGE_MODEL, change_model_tool, switched
+from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.model import base_model_id
 from autoevolve.policy import ChatRequest, Completion
@@ -220,8 +220,9 @@ class Fleet:
         reply = self._call(self.entry, body, harnessed(turn, False))
         if not reply.calls or reply.calls[0].name != CHANGE_MODEL:
             return reply
-        call = reply.calls[0]
-        chosen = str(call.arguments.get("model"))
+        call, routed = reply.calls[0], Routing()
+        result = routed.route(call.arguments)
+        chosen = str(routed.chosen)
         if chosen == self.entry or chosen not in self.slots:  # a route to nowhere: the entry's reply stands
             return Reply(
                 model=reply.model,
@@ -231,7 +232,7 @@ class Fleet:
             )
         routing = [
             Message(role="assistant", tool_calls=[call], adapter=entry.ref or None),
-            Message(role="tool", content=switched(chosen), tool_call_id=call.id),
+            Message(role="tool", content=result, tool_call_id=call.id),
         ]
         reuse = entry.ref if self.switch == "shared_kv" else None
         answer = self._call(chosen, body, harnessed([*turn, *routing] if shared else history, True, reuse))

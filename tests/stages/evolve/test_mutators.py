@@ -231,3 +231,12 @@ def test_decoding_switches_the_grammar_and_presentations_come_from_the_settings(
     assert (child.tool_format, child.call_syntax) == ("json", "python_list")
     with pytest.raises(ValueError, match="no other tool presentation to try"):
         presentation.mutate(child, Evidence([], {}), random.Random(0))
+
+
+def test_every_mutator_a_config_may_name_is_in_the_table() -> None:
+    from typing import get_args
+
+    from autoevolve.stages.evolve.search import MUTATORS
+    from autoevolve.stages.settings import MutatorName
+
+    assert set(get_args(MutatorName)) == set(MUTATORS)
