@@ -251,12 +251,19 @@ class RunConfig(Section):
         """A labelled budget needs the references on, and only SFT trains on references."""
         if self.labels is None:
             return self
-        if not self.evolve.references:
-            raise ValueError("labels: with evolve.references false no label is read; set labels.budget: 0 instead")
+        if not self.evolve.references and self.labels.budget:
+            raise ValueError(
+                "labels: with evolve.references false no label is read; set labels.budget: 0, or leave out labels"
+            )
         if self.labels.train and self.labels.budget and self.distill.trainer != "sft":
             raise ValueError(
                 f"labels.train: only trainer sft trains on references (the trainer is {self.distill.trainer}); "
                 "set labels.train: false"
+            )
+        if self.labels.warm_start and self.registry.approval:
+            raise ValueError(
+                "labels.warm_start: the warm start is promoted when its dev gate passes, with no one asked, while "
+                "registry.approval asks a person before each promotion; turn one of them off"
             )
         return self
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -13,6 +14,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def commit() -> str:
     """The checkout's commit id, with '+dirty.<hash of the diff>' when files differ from it ('unknown' outside
     git)."""
@@ -35,16 +37,24 @@ def commit() -> str:
 CODE = ("autoevolve", "bench", "prompts", "configs", "pyproject.toml", "constraints.txt")  # what makes a result
 
 
+@functools.cache
 def code_id() -> str:
-    """A short hash of the code a result depends on, as it is in the working tree (tracked files under ``CODE``,
-    bench results aside): the same id means the same code, whatever else was committed since."""
+    """A short hash of the code a result depends on, as it was when the bench started (files under ``CODE``, tracked
+    or new, bench results aside): the same id means the same code, whatever else was committed since. Taken once
+    per process, so an edit while a long bench runs cannot relabel what the code at its start made."""
     spec = ["--", *CODE, ":!bench/results"]
     try:
         listed = subprocess.run(["git", "ls-files", "-s", *spec], cwd=ROOT, capture_output=True, text=True, check=True)
         changed = subprocess.run(["git", "diff", "HEAD", *spec], cwd=ROOT, capture_output=True, text=True, check=True)
+        new = subprocess.run(
+            ["git", "ls-files", "-o", "--exclude-standard", *spec], cwd=ROOT, capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return hashlib.sha256((listed.stdout + changed.stdout).encode()).hexdigest()[:12]
+    digest = hashlib.sha256((listed.stdout + changed.stdout).encode())
+    for name in new.stdout.split():  # a new module the code imports is part of it before it is committed
+        digest.update(name.encode() + (ROOT / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def fresh_home(path: Path) -> Path:

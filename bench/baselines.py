@@ -137,10 +137,13 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         run_rounds(cfg, policy)
     run_id, env = str(cfg.run_id), cfg.env.make()
     with Store(cfg.store, read_only=True) as store:
-        served = store.promoted_adapter(cfg.expert)
         trained = [a for a in store.adapters(cfg.expert) if a.run_id == run_id]
+        served = next((a for a in trained if a.status == "promoted"), None)  # this run's, in a store shared or not
         results = [json.loads((Path(a.path) / "train_result.json").read_text()) for a in trained]
-        plans = [TaskPlan.model_validate(store.stage_result(run_id, r, "plan")[0]) for r in range(cfg.rounds)]
+        planned = [store.stage_result(run_id, r, "plan") for r in range(cfg.rounds)]
+        if None in planned:
+            sys.exit(f"run {run_id} in {cfg.store} has not planned all its {cfg.rounds} rounds: finish it first")
+        plans = [TaskPlan.model_validate(p[0]) for p in planned if p is not None]
         n = max(cfg.evolve.train_tasks, cfg.select.train_tasks)
         kept = [
             t for a in trained if a.selection_id for sel in [store.selection(a.selection_id)] for i in sel.items

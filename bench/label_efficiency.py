@@ -138,7 +138,7 @@ def _score(arm: dict[str, Any]) -> str:
     return f"{arm['score']:.3f} [{arm['ci'][0]:.2f}, {arm['ci'][1]:.2f}]"
 
 
-def plot(budgets: list[dict[str, Any]], path: Path) -> None:
+def plot(budgets: list[dict[str, Any]], path: Path, title: str) -> None:
     """Test score against labelled tasks for every arm, with intervals (PNG)."""
     import matplotlib
 
@@ -159,7 +159,7 @@ def plot(budgets: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("test score, original config")
     ax.set_ylim(-0.02, 1.02)
     seeds = max(len(b["seeds"]) for b in budgets)
-    ax.set_title(f"life tier 1, SmolLM2-135M: mean over {seeds} seeds, 95% hierarchical CI", fontsize=9)
+    ax.set_title(f"{title}: mean over {seeds} seeds, 95% hierarchical CI", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -185,14 +185,17 @@ def main() -> None:
     cells, policy, started = load_cells(), None, time.perf_counter()
     for seed in args.seeds:
         for budget in args.budgets:
-            key = f"{seed}/{budget}"
+            key = f"{config.run_id}/{seed}/{budget}"  # a cell of this config
             if key in cells or args.report:
                 continue
             print(f"== seed {seed}, {budget} labelled tasks", flush=True)
             cells[key], policy = run_cell(config, seed, budget, policy)
             HOME.mkdir(parents=True, exist_ok=True)
             CELLS.write_text(json.dumps(cells, indent=1) + "\n")  # a kill loses at most the cell in progress
-    wanted = [c for c in cells.values() if c["seed"] in args.seeds and c["labels"] in args.budgets]
+    wanted = [
+        c for k, c in cells.items()
+        if k.startswith(f"{config.run_id}/") and c["seed"] in args.seeds and c["labels"] in args.budgets
+    ]  # fmt: skip
     if not wanted:
         sys.exit(f"no cell made by today's code (code id {code_id()}) in {CELLS}: run without --report")
     by_budget = sorted({c["labels"] for c in wanted})
@@ -203,7 +206,8 @@ def main() -> None:
     print("\n".join([f"{config.run_id}: test score under the original config [hierarchical 95% CI]", *lines, "",
                      *checks(budgets)]))  # fmt: skip
     print(f"{(time.perf_counter() - started) / 60:.1f} min")
-    plot(budgets, args.json.with_suffix(".png"))
+    title = f"{config.env.name} tiers {', '.join(map(str, config.env.tiers))}, {config.model.name}"
+    plot(budgets, args.json.with_suffix(".png"), title)
     write_json(args.json, {"config": str(args.config), "budgets": budgets, "checks": checks(budgets), "cells": wanted})
 
 

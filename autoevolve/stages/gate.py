@@ -12,7 +12,9 @@ evaluations to the store (``_record``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from pathlib import Path
 
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
@@ -129,7 +131,8 @@ def length_judge(bench: Workbench, original: HCPConfig, tasks: list[Task], ref: 
     original config on the tasks, its rollouts stored under '<ref>-epoch<N>'."""
 
     def judge(path: str, epoch: int) -> float:
-        name = f"{ref}-epoch{epoch}"  # PEFT names take no '.'
+        weights = (Path(path) / "adapter_model.safetensors").read_bytes()
+        name = f"{ref}-epoch{epoch}-{hashlib.sha256(weights).hexdigest()[:8]}"  # these weights' own rollouts; no '.'
         bench.policy.add_adapter(name, path)
         try:
             return mean([t.reward for t in bench.rollouts(original, tasks, adapter=name, stage="distill")])

@@ -83,19 +83,21 @@ def stage_warm(r: Round) -> Decided:
         run_id=r.bench.run_id, round=0, hcp_id=r.original.id, evolved_hcp_id="", selection_id="",
     )  # fmt: skip
     r.bench.policy.add_adapter(record.ref, record.path)
-    dev = plan.split_tasks(r.bench, "dev", tiers, r.config.gate.dev_tasks)
+    dev = gated_tasks(r, tiers)
     g = r.config.gate
     report = gate(r.bench, r.original, r.original, "", record.ref, dev, g.min_gain, alpha=g.alpha)
     decided = registry.decide(store, record, report, registry.Publisher.from_settings(r.config.registry))
     say(f"  warm start: {report.decision}: {report.reason}")
-    return _warmed(r, Decided(decided, report))
+    return _warmed(r, Decided(decided, report), decided.status == "promoted", load=False)
 
 
-def _warmed(r: Round, warm: Decided) -> Decided:
-    """The round works around the warm-start adapter once it is live."""
-    if warm.adapter.status == "promoted":
+def _warmed(r: Round, warm: Decided, went_live: bool, load: bool) -> Decided:
+    """The round works around the warm-start adapter if it went live when it was decided (a resumed round 0 too,
+    after its own adapter has since replaced it); ``load`` it into the policy when it is not there yet."""
+    if went_live:
         r.base_adapter = warm.adapter
-        r.bench.policy.add_adapter(warm.adapter.ref, warm.adapter.path)
+        if load:
+            r.bench.policy.add_adapter(warm.adapter.ref, warm.adapter.path)
     return warm
 
 
@@ -255,11 +257,26 @@ def stage_distill(r: Round) -> Distilled:
     return Distilled(record, trained)
 
 
+def judged_tasks(r: Round, tiers: list[int]) -> list[Task]:
+    """The dev tasks that choose the training length (``distill.epoch_grid``): the last ``distill.dev_tasks`` of the
+    tiers; none without a grid."""
+    if not r.config.distill.epoch_grid:
+        return []
+    return plan.in_play(r.bench.env.tasks("dev"), tiers)[-r.config.distill.dev_tasks :]
+
+
+def gated_tasks(r: Round, tiers: list[int]) -> list[Task]:
+    """The dev tasks the gate decides on: the first ``gate.dev_tasks`` of the tiers, never one that chose the
+    training length (the gate must not score an adapter on the tasks it was picked on)."""
+    judged = {t.id for t in judged_tasks(r, tiers)}
+    dev = [t for t in plan.in_play(r.bench.env.tasks("dev"), tiers) if t.id not in judged]
+    return dev[: r.config.gate.dev_tasks]
+
+
 def dev_judge(r: Round, ref: str, tiers: list[int] | None = None) -> Judge:
-    """Scores an adapter folder for choosing the training length: the last ``distill.dev_tasks`` dev tasks of the
-    tiers in play (or of ``tiers``), under the original config."""
-    dev = plan.in_play(r.bench.env.tasks("dev"), tiers or task_plan(r).tiers)
-    return length_judge(r.bench, r.original, dev[-r.config.distill.dev_tasks :], ref)
+    """Scores an adapter folder for choosing the training length on ``judged_tasks`` of the tiers in play (or of
+    ``tiers``), under the original config."""
+    return length_judge(r.bench, r.original, judged_tasks(r, tiers or task_plan(r).tiers), ref)
 
 
 def rehearsed(r: Round) -> list[Trajectory]:
@@ -290,7 +307,7 @@ def lineage_selections(r: Round) -> list[Selection]:
 def stage_gate(r: Round) -> EvalReport:
     """Gate on dev: should A_{r+1} replace A_r under the original config? (The guard set can still say no.)"""
     evolved, record = result(r, "evolve"), result(r, "distill").adapter
-    dev = tasks_in_play(r, "dev", r.config.gate.dev_tasks)
+    dev = gated_tasks(r, task_plan(r).tiers)
     report = gate(
         r.bench, r.original, evolved.best, r.base_ref, record.ref, dev, r.config.gate.min_gain,
         tier_tolerance=r.config.gate.tier_tolerance, evolved_tasks=r.config.gate.evolved_tasks,
@@ -356,7 +373,8 @@ def _load_adapter(r: Round, name: str, version: int) -> AdapterRecord:
 def _load_warm(r: Round, data: dict[str, Any]) -> Decided:
     """The warm start's adapter and gate report, the adapter made A_r if it went live."""
     adapter = r.bench.store.adapter(data["name"], data["version"])
-    return _warmed(r, Decided(adapter, EvalReport.model_validate(data["dev"])))
+    went_live = data.get("live", adapter.status == "promoted")  # stored before "live" was: its status now
+    return _warmed(r, Decided(adapter, EvalReport.model_validate(data["dev"])), went_live, load=True)
 
 
 def _dump_adapter(a: AdapterRecord) -> dict[str, Any]:
@@ -364,7 +382,15 @@ def _dump_adapter(a: AdapterRecord) -> dict[str, Any]:
 
 
 STAGES: dict[str, Stage] = {  # in the round's order
-    "warm": Stage(stage_warm, lambda x: {**_dump_adapter(x.adapter), "dev": x.dev.model_dump(mode="json")}, _load_warm),
+    "warm": Stage(
+        stage_warm,
+        lambda x: {
+            **_dump_adapter(x.adapter),
+            "live": x.adapter.status == "promoted",
+            "dev": x.dev.model_dump(mode="json"),
+        },
+        _load_warm,
+    ),
     "plan": Stage(stage_plan, lambda p: p.model_dump(mode="json"), lambda r, d: TaskPlan.model_validate(d)),
     "evolve": Stage(stage_evolve, lambda e: {"best": e.best.id, "budget": e.budget}, _load_evolve),
     "select": Stage(

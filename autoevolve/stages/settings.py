@@ -212,7 +212,7 @@ class DistillSettings(TrainSettings):
         default=24,
         gt=0,
         description="With epoch_grid: how many dev tasks of the tiers in play the training length is chosen on, "
-        "the split's last ones (stage 1 and the gate read its first ones).",
+        "the split's last ones (stage 1 reads its first ones; the gate its first ones other than these).",
     )
     replay: bool = Field(
         default=True,

@@ -88,10 +88,35 @@ def test_a_labelled_budget_needs_references_and_the_sft_trainer(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"run.yaml: labels.train: only trainer sft .* set labels.train: false$"):
         load_config(config("{budget: 8}", "distill: {trainer: dpo}"))
     assert load_config(config("{budget: 8, train: false}", "distill: {trainer: dpo}")).distill.trainer == "dpo"
-    with pytest.raises(ConfigError, match=r"no label is read; set labels.budget: 0 instead$"):
+    with pytest.raises(ConfigError, match=r"no label is read; set labels.budget: 0, or leave out labels$"):
         load_config(config("{budget: 8}", "evolve: {references: false}"))
+    assert load_config(config("{budget: 0}", "evolve: {references: false}")).labels.budget == 0  # as it advises
     with pytest.raises(ConfigError, match=r"labels.budget: required setting is missing"):
         load_config(config("{train: true}"))
+    with pytest.raises(ConfigError, match=r"labels.warm_start: .* registry.approval .*; turn one of them off$"):
+        load_config(config("{budget: 8, warm_start: true}", "registry: {approval: true}"))
+
+
+def test_the_gate_never_decides_on_the_dev_tasks_that_chose_the_training_length(
+    tmp_path: Path, tiny_model_dir
+) -> None:
+    from autoevolve import loop
+    from autoevolve.stages import pipeline
+
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        f"hcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"
+        f"model: {{name: {tiny_model_dir}}}\nenv: {{tiers: [1, 2], n_train: 8, n_dev: 24, n_test: 4}}\n"
+        "distill: {epoch_grid: [1, 2], dev_tasks: 6}\ngate: {dev_tasks: 48}\n"
+    )
+    r = loop.open_round(load_config(path))
+    r.bench.store.close()
+    dev = r.bench.env.tasks("dev")
+    judged, gated = pipeline.judged_tasks(r, [1, 2]), pipeline.gated_tasks(r, [1, 2])
+    assert [t.id for t in judged] == [t.id for t in dev[-6:]]
+    assert {t.id for t in gated} == {t.id for t in dev[:-6]}  # every other dev task, as many as gate.dev_tasks asks
+    tier2 = [t.id for t in dev if t.tier == 2]
+    assert [t.id for t in pipeline.gated_tasks(r, [2])] == tier2[:-6]  # the judged ones are the tiers' own last
 
 
 def test_the_hierarchical_interval_carries_the_spread_between_seeds() -> None:

@@ -68,8 +68,9 @@ def fit(
         if lengths is not None:
             trainer.add_callback(lengths)
         output = trainer.train()
-    if lengths is None:
+    if lengths is None or not lengths.scores:  # no grid epoch reached (nothing to train on): the adapter as it is
         path = save_adapter(trainer.model, out_dir, base_model_id(model_name))
+        lengths = None
     else:
         path = lengths.keep_best(Path(out_dir))
     rows = trainer.state.log_history  # one row per step (loss, learning rate, grad norm, reward), then a summary
