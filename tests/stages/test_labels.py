@@ -97,9 +97,7 @@ def test_a_labelled_budget_needs_references_and_the_sft_trainer(tmp_path: Path) 
         load_config(config("{budget: 8, warm_start: true}", "registry: {approval: true}"))
 
 
-def test_the_gate_never_decides_on_the_dev_tasks_that_chose_the_training_length(
-    tmp_path: Path, tiny_model_dir
-) -> None:
+def test_the_gate_never_decides_on_the_dev_tasks_that_chose_the_training_length(tmp_path: Path, tiny_model_dir) -> None:
     from autoevolve import loop
     from autoevolve.stages import pipeline
 
