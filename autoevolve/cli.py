@@ -375,6 +375,24 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument("--record", help="DuckDB file to store each served conversation in (run 'serve')")
     srv.add_argument("--api-key-env", help="environment variable holding the key clients must send as a bearer token")
+    srv.add_argument(
+        "--enable-runtime-lora",
+        action="store_true",
+        help="offer vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (also: "
+        "AUTOEVOLVE_ALLOW_RUNTIME_LORA_UPDATING=true); they load "
+        "only folders the registry recorded, or under --allow-adapter-root",
+    )
+    srv.add_argument(
+        "--allow-adapter-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="with runtime loading: adapter folders under DIR may be loaded too, under the name asked for",
+    )
+    srv.add_argument("--max-loras", type=_positive, default=16, help="most adapters loaded at runtime (default 16)")
+    srv.add_argument(
+        "--insecure", action="store_true", help="listen on a non-loopback --host without --api-key-env (refused else)"
+    )
     srv.add_argument("--batch-size", type=int, default=16, help="most requests of one adapter per batch (default 16)")
     srv.add_argument(
         "--switch",
@@ -397,7 +415,8 @@ _SERVE_HELP = (
 def _serve(args: argparse.Namespace) -> int:
     """Load the registry's adapters and serve them until interrupted (imported here: only this command needs them)."""
     from autoevolve.fleet.serving.app import run_server
-    from autoevolve.fleet.serving.startup import open_fleet, recorder
+    from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA, enabled_by_env
+    from autoevolve.fleet.serving.startup import open_fleet, recorded_folders, recorder
     from autoevolve.harness.hcp import HCPConfig
     from autoevolve.model import EMBEDDED, base_model_id
     from autoevolve.policy.local import LocalPolicy
@@ -414,6 +433,15 @@ def _serve(args: argparse.Namespace) -> int:
     key = os.environ.get(args.api_key_env) if args.api_key_env else None
     if args.api_key_env and not key:
         raise CommandError(f"--api-key-env {args.api_key_env}: that variable is not set")
+    if not key and not args.insecure and not _loopback(args.host):
+        raise CommandError(
+            f"--host {args.host}: anyone who reaches it could use every expert; set --api-key-env, or pass --insecure"
+        )
+    runtime = None
+    if args.enable_runtime_lora or enabled_by_env():
+        runtime = RuntimeLoRA(recorded_folders(args.store), tuple(map(Path, args.allow_adapter_root)), args.max_loras)
+    elif args.allow_adapter_root:
+        raise CommandError("--allow-adapter-root: runtime loading is off; add --enable-runtime-lora")
     with refusing(StoreError), Store.snapshot(args.store) as store:
         bases = {e.base_model for e in store.experts()}
     model = args.model or (bases.pop() if len(bases) == 1 else EMBEDDED)
@@ -426,8 +454,23 @@ def _serve(args: argparse.Namespace) -> int:
     )
     fleet.switch = args.switch
     print(f"serving {', '.join(c['id'] for c in fleet.cards())} on http://{args.host}:{args.port}/v1")
-    run_server(fleet, args.host, args.port, key)
+    if runtime is not None:
+        print(f"runtime LoRA loading on: registered folders{', and under ' if runtime.roots else ''}"
+              f"{', '.join(map(str, runtime.roots))} (at most {runtime.max_loras} adapters)")  # fmt: skip
+    run_server(fleet, args.host, args.port, key, runtime)
     return 0
+
+
+def _loopback(host: str) -> bool:
+    """Whether a listening address is only reachable from this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def _load_tasks(config: RunConfig) -> tuple[str, list[str]]:

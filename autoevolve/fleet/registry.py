@@ -18,7 +18,7 @@ from autoevolve.records import AdapterRecord, EvalReport, Expert, RegistryEvent,
 from autoevolve.store import Store
 from autoevolve.views.table import text_table
 
-VERSION_FILE = "version.json"  # an adapter folder's registered name and version, written at registration
+VERSION_FILE = "version.json"  # for a person reading an adapter folder: its registered name and version
 HARNESS_FILE = "hcp.json"  # the HCP config the adapter was trained under, written by distillation
 
 
@@ -117,15 +117,6 @@ def folder_harness(path: str | Path) -> HCPConfig | None:
     """The HCP config an adapter folder was trained under (None when the folder does not say)."""
     file = Path(path) / HARNESS_FILE
     return HCPConfig.model_validate_json(file.read_text()) if file.is_file() else None
-
-
-def folder_version(path: str | Path) -> tuple[str, int] | None:
-    """The (expert, version) an adapter folder was registered as (None when it was not)."""
-    file = Path(path) / VERSION_FILE
-    if not file.is_file():
-        return None
-    body = json.loads(file.read_text())
-    return str(body["expert"]), int(body["version"])
 
 
 def decide(
@@ -233,9 +224,27 @@ def check_adapter_folder(path: Path, base_model: str) -> None:
         raise ValueError(f"adapter {path}: adapter_config.json is missing")
     if not (path / "adapter_model.safetensors").is_file():
         raise ValueError(f"adapter {path}: adapter_model.safetensors is missing (pickled weights are not loaded)")
-    declared = json.loads(config.read_text()).get("base_model_name_or_path")
+    try:
+        body = json.loads(config.read_text())
+    except ValueError:
+        raise ValueError(f"adapter {path}: adapter_config.json is not JSON") from None
+    declared = body.get("base_model_name_or_path") if isinstance(body, dict) else None
     if declared != base_model:
         raise ValueError(f"adapter {path}: base_model_name_or_path is {declared!r}, expected {base_model!r}")
+    if body.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"adapter {path}: peft_type is {body['peft_type']!r}; only LORA adapters are loaded")
+    for key, allowed in SAFE_LORA_FIELDS.items():
+        if key in body and body[key] not in allowed:
+            raise ValueError(f"adapter {path}: {key} is {body[key]!r}, not one of {sorted(map(str, allowed))}")
+
+
+# Adapter-config values that load a LoRA without touching the base weights. PiSSA, OLoRA, CorDA, LoftQ or EVA
+# initialisation (init_lora_weights) rewrites base weights from the adapter, and layer replication reshapes the
+# base model: a served base is shared by every adapter, so such folders are refused.
+SAFE_LORA_FIELDS: dict[str, tuple[object, ...]] = {
+    "init_lora_weights": (True, False, "gaussian"),
+    "layer_replication": (None,),
+}
 
 
 def format_experts(store: Store) -> str:

@@ -63,6 +63,11 @@ class LocalPolicy:
         else:  # PEFT keeps at least one adapter: serve the bare base again
             self.lm = self.base = self.lm.unload()
 
+    @property
+    def context_tokens(self) -> int:
+        """The model's context: prompt and completion tokens together."""
+        return int(getattr(self.base.config, "max_position_embeddings", 0) or 0)
+
     def prompt_tokens(self, request: ChatRequest) -> int:
         """Tokens of a request's prompt under the chat template."""
         return len(self._encode_text(request))

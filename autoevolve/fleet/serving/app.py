@@ -1,24 +1,35 @@
 """The HTTP face of the fleet: OpenAI's chat completions and model list, and vLLM's runtime LoRA endpoints.
 
-``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``GET /v1/models``,
-``POST /v1/load_lora_adapter`` and ``POST /v1/unload_lora_adapter`` (what ``hooks.VLLMHook`` calls on a promotion
-or rollback), ``GET /health``. Errors are the reference's error object with the HTTP status: 400 for a request the
-server refuses (the message names the field), 401 without the key, 404 for an unknown model, 500 when generation
-failed. A streamed reply is generated whole, then sent in word-sized chunks.
+``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``GET /v1/models``, ``GET /health``,
+and, only with runtime loading on (``runtime_lora.RuntimeLoRA``), ``POST /v1/load_lora_adapter`` and
+``POST /v1/unload_lora_adapter`` (what ``hooks.VLLMHook`` calls on a promotion or rollback), run on an executor of
+their own. Every error, on every route and status, is the reference's error object: 400 for a request the server
+refuses (the message and ``param`` name the field), 401 without the key, 404 for an unknown model or route, 405,
+413 for a body over ``MAX_BODY_BYTES``, 422 for a body that is not the route's shape, 429 (with ``Retry-After``)
+when too many requests wait, 500 when generation failed (the reason goes to the server's log, not the client), 503
+when no reply came in time. A streamed reply is generated whole, then sent in word-sized chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.exceptions import HTTPException
 
 from autoevolve.fleet.serving.fleet import Fleet
+from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
 from autoevolve.fleet.serving.wire import ChatBody, WireError, sse
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413) unread
+log = logging.getLogger(__name__)
 
 
 class LoadBody(BaseModel):
@@ -39,16 +50,33 @@ class UnloadBody(BaseModel):
     lora_name: str
 
 
-def create_app(fleet: Fleet, api_key: str | None = None) -> FastAPI:
-    """The server's routes over a fleet; with ``api_key`` every route but /health wants ``Authorization: Bearer``."""
+def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | None = None) -> FastAPI:
+    """The server's routes over a fleet; with ``api_key`` every route but /health wants ``Authorization: Bearer``;
+    with ``runtime`` the runtime LoRA endpoints exist and load what it allows."""
     app = FastAPI(title="autoevolve", docs_url=None, redoc_url=None, openapi_url=None)
+    controls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoevolve-lora")  # apart from chat requests
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Response:
-        given = request.headers.get("authorization", "")
-        if api_key and request.url.path != "/health" and not secrets.compare_digest(given, f"Bearer {api_key}"):
+        given = request.headers.get("authorization", "").encode("utf-8", "replace")
+        wanted = f"Bearer {api_key}".encode()
+        if api_key and request.url.path != "/health" and not secrets.compare_digest(given, wanted):
             return _error(WireError("Incorrect API key: send Authorization: Bearer KEY", status=401))
         return await call_next(request)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> Response:
+        what = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+        return _error(WireError(what.get(exc.status_code, str(exc.detail)), status=exc.status_code))
+
+    @app.exception_handler(RequestValidationError)
+    async def _shape(request: Request, exc: RequestValidationError) -> Response:
+        return _error(WireError("the request is not this route's shape", status=422))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error on %s", request.url.path)
+        return _error(WireError("the server failed on this request; its log says why", status=500))
 
     @app.get("/health")
     async def health() -> Response:
@@ -70,11 +98,18 @@ def create_app(fleet: Fleet, api_key: str | None = None) -> FastAPI:
         usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(iter(sse(reply.chunks(usage))), media_type="text/event-stream")
 
+    if runtime is None:
+        return app
+
     @app.post("/v1/load_lora_adapter")
     async def load(request: Request) -> Response:
         try:
             body = await _body(request, LoadBody)
-            await asyncio.to_thread(fleet.load, body.lora_name, body.lora_path, body.load_inplace)
+            ref = runtime.identity(body.lora_name, body.lora_path)  # before anything on disk is read
+            name, path, inplace, limit = body.lora_name, body.lora_path, body.load_inplace, runtime.max_loras
+            await asyncio.get_running_loop().run_in_executor(
+                controls, lambda: fleet.load(name, path, inplace, ref=ref, limit=limit)
+            )
         except WireError as exc:
             return _error(exc)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
@@ -83,7 +118,7 @@ def create_app(fleet: Fleet, api_key: str | None = None) -> FastAPI:
     async def unload(request: Request) -> Response:
         try:
             body = await _body(request, UnloadBody)
-            await asyncio.to_thread(fleet.unload, body.lora_name)
+            await asyncio.get_running_loop().run_in_executor(controls, fleet.unload, body.lora_name)
         except WireError as exc:
             return _error(exc)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
@@ -93,22 +128,39 @@ def create_app(fleet: Fleet, api_key: str | None = None) -> FastAPI:
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
     """The JSON body as ``model``; WireError naming the first bad field."""
+    declared = request.headers.get("content-length") or "0"
+    if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
+        raise WireError(f"the body is over {MAX_BODY_BYTES} bytes (or its Content-Length is not a number)", status=413)
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise WireError(f"the body is over {MAX_BODY_BYTES} bytes", status=413)
     try:
-        return model.model_validate(await request.json())
+        return model.model_validate_json(raw)
     except ValueError as exc:  # a body that is not JSON
         if not isinstance(exc, ValidationError):
             raise WireError(f"the body is not JSON: {exc}") from None
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise WireError(f"{where}: {first['msg'].removeprefix('Value error, ')}", param=where) from None
+        said = first["msg"].removeprefix("Value error, ")
+        named = said.split(":")[0] if said.split(":")[0] in model.model_fields else None  # a check across fields
+        where = ".".join(str(p) for p in first["loc"]) or named or "body"
+        if named == where:
+            raise WireError(said, param=where) from None
+        raise WireError(f"{where}: {said}", param=where) from None
 
 
 def _error(exc: WireError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def run_server(fleet: Fleet, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
+def run_server(
+    fleet: Fleet,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    runtime: RuntimeLoRA | None = None,
+) -> None:
     """Serve until interrupted."""
     import uvicorn
 
-    uvicorn.run(create_app(fleet, api_key), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(fleet, api_key, runtime), host=host, port=port, log_level="info")

@@ -46,6 +46,8 @@ from autoevolve.records import Expert, Message, Trajectory
 ROUTER = "router"  # the served name of the Mixture of LoRA (the entry expert's name serves it too)
 log = logging.getLogger(__name__)
 SWAP_GRACE_S = 10.0  # how long requests for an unloaded name wait for it to be loaded again
+MAX_WAITING = 256  # requests admitted and not yet answered; past it a request is answered 429 at once
+REPLY_TIMEOUT_S = 600.0  # how long a request waits for its batch before it is answered 503
 Switch = Literal["own", "shared", "shared_kv"]
 
 
@@ -106,6 +108,8 @@ class Fleet:
         swap_grace_s: float = SWAP_GRACE_S,
         recorder: Callable[[Trajectory], None] | None = None,
         switch: Switch = "own",
+        max_waiting: int = MAX_WAITING,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
     ) -> None:
         self.policy, self.base = policy, base
         self.experts = {e.name: e for e in experts}
@@ -118,16 +122,28 @@ class Fleet:
         self.created = int(time.time())
         self.unloaded: dict[str, float] = {}  # name -> when it was unloaded
         self.stats = {"batches": 0, "calls": 0, "largest_batch": 0, "loads": 0, "unloads": 0}
+        self.context = int(getattr(policy, "context_tokens", 0) or 0)  # prompt + completion tokens (0: unknown)
+        self.max_waiting, self.reply_timeout_s = max_waiting, reply_timeout_s
+        self._waiting = threading.BoundedSemaphore(max_waiting)
         self._jobs: queue.Queue = queue.Queue()
         threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
 
     # -- the adapters served ------------------------------------------------------------------------------
 
-    def load(self, name: str, path: str, inplace: bool = False, hcp: HCPConfig | None = None) -> Slot:
-        """Serve an adapter folder under ``name`` (vLLM's ``load_lora_adapter``), under the harness its folder holds
-        (else ``hcp``, else the expert's in ``harnesses``); WireError when the name is taken (unless ``inplace``), is
-        the base model's, or the folder is no adapter."""
-        return self._control(lambda: self._load(name, path, inplace, hcp))
+    def load(
+        self,
+        name: str,
+        path: str,
+        inplace: bool = False,
+        hcp: HCPConfig | None = None,
+        ref: str | None = None,
+        limit: int | None = None,
+    ) -> Slot:
+        """Serve an adapter folder under ``name`` (vLLM's ``load_lora_adapter``) as the adapter ``ref`` (its
+        registered ``NAME@vN``; default ``name``), under the harness its folder holds (else ``hcp``, else the
+        expert's in ``harnesses``); WireError when the name is taken (unless ``inplace``), is the base model's, the
+        folder is no adapter, or ``limit`` adapters are loaded already."""
+        return self._control(lambda: self._load(name, path, inplace, hcp, ref or name, limit))
 
     def unload(self, name: str) -> None:
         """Stop serving ``name`` (vLLM's ``unload_lora_adapter``); its requests wait ``swap_grace_s`` for a reload."""
@@ -143,21 +159,22 @@ class Fleet:
             cards.append({**self.slots[self.base].card(self.base, self.created), "id": ROUTER})
         return cards
 
-    def _load(self, name: str, path: str, inplace: bool, hcp: HCPConfig | None) -> Slot:
+    def _load(self, name: str, path: str, inplace: bool, hcp: HCPConfig | None, ref: str, limit: int | None) -> Slot:
         if name in (self.base, ROUTER):
             raise WireError(f"lora_name: {name!r} is the base model's or the router's name; pick another")
         if name in self.slots and not inplace:
             raise WireError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+        if limit is not None and ref not in self.policy.adapters and len(self.policy.adapters) >= limit:
+            raise WireError(f"lora_name: {limit} adapters are loaded, the most this server keeps; unload one first")
         try:
             registry.check_adapter_folder(Path(path), base_model_id(self.policy.model_name))
         except ValueError as exc:
             raise WireError(f"lora_path: {exc}", param="lora_path") from None
-        known = registry.folder_version(path)
-        ref = f"{known[0]}@v{known[1]}" if known else name
-        hcp = registry.folder_harness(path) or hcp or self.harnesses.get(known[0] if known else name.split("@")[0])
+        expert, _, version = ref.partition("@v")
+        hcp = registry.folder_harness(path) or hcp or self.harnesses.get(expert)
         if self.policy.adapters.get(ref) != str(path):
             self.policy.add_adapter(ref, str(path))
-        slot = Slot(name, ref, str(path), hcp, known[1] if known else None)
+        slot = Slot(name, ref, str(path), hcp, int(version) if version.isdigit() else None)
         self.slots[name] = slot
         if ref != name and ref not in self.slots:  # the version is served under its own name too
             self.slots[ref] = Slot(ref, ref, str(path), hcp, slot.version)
@@ -170,7 +187,9 @@ class Fleet:
             raise WireError("lora_name: the base model cannot be unloaded", param="lora_name")
         if name not in self.slots:
             raise WireError(f"The lora adapter '{name}' cannot be found.", status=404, param="lora_name")
-        del self.slots[name]
+        ref = self.slots.pop(name).ref
+        if ref and not any(s.ref == ref for s in self.slots.values()):
+            self.policy.remove_adapter(ref)  # its weights are freed; a reload within the grace loads them again
         self.unloaded[name] = time.monotonic()
         self.stats["unloads"] += 1
 
@@ -181,7 +200,21 @@ class Fleet:
     # -- answering ------------------------------------------------------------------------------------------
 
     def reply(self, body: ChatBody) -> Reply:
-        """Answer one chat-completion request (blocks until its batch ran); WireError for a request it refuses."""
+        """Answer one chat-completion request (blocks until its batch ran); WireError for a request it refuses, 429
+        when ``max_waiting`` requests wait already."""
+        if self.context and body.max_new and body.max_new >= self.context:
+            raise WireError(
+                f"max_tokens: {body.max_new} is not below the model's context of {self.context} tokens",
+                param="max_tokens",
+            )
+        if not self._waiting.acquire(blocking=False):
+            raise WireError(f"{self.max_waiting} requests are waiting; retry shortly", status=429, retry_after=1)
+        try:
+            return self._reply(body)
+        finally:
+            self._waiting.release()
+
+    def _reply(self, body: ChatBody) -> Reply:
         history, system = conversation(body.messages)
         routed = body.model == ROUTER or (body.model == self.entry and system is None and self._router_ready())
         reply = self._routed(body, history) if routed else self._call(body.model, body, history=history, system=system)
@@ -256,13 +289,14 @@ class Fleet:
         def build(slot: Slot) -> ChatRequest:
             request, view = make(slot) if make else harnessed_call(slot.hcp, body, history or [], system, None)
             views.append(view)
-            return request
+            return self._fitted(request, body)
 
         job = _Job(name, build)
         self._jobs.put(job)
-        completion: Completion = job.future.result()
+        completion: Completion = self._wait(job.future)
         if completion.error:
-            raise WireError(f"generation failed: {completion.error}", status=500)
+            log.error("generation failed for %s: %s", name, completion.error)
+            raise WireError("generation failed; the server's log says why", status=500)
         slot, view = job.slot, views[0]
         text = cut(completion.text, body.stops)
         calls = read_calls(Completion(text=text), view, slot.name)
@@ -275,6 +309,35 @@ class Fleet:
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
         )
+
+    def _fitted(self, request: ChatRequest, body: ChatBody) -> ChatRequest:
+        """The request within the model's context: a completion limit the client set must fit after the prompt
+        (else 400, as vLLM answers); the server's own default is cut to what fits."""
+        if not self.context:
+            return request
+        room = self.context - self.policy.prompt_tokens(request)
+        if room <= 0:
+            raise WireError(
+                f"messages: the prompt fills the model's context of {self.context} tokens", param="messages"
+            )
+        if request.max_new_tokens <= room:
+            return request
+        if body.max_new:
+            raise WireError(
+                f"max_tokens: {body.max_new} new tokens do not fit after the prompt's {self.context - room} in the "
+                f"model's context of {self.context}; ask for at most {room}",
+                param="max_tokens",
+            )
+        return request.model_copy(update={"max_new_tokens": room})
+
+    def _wait(self, future: Future) -> Any:
+        """A job's result, or 503 once ``reply_timeout_s`` has passed without it."""
+        try:
+            return future.result(timeout=self.reply_timeout_s)
+        except TimeoutError:
+            raise WireError(
+                f"no reply within {self.reply_timeout_s:g} s: the server is busy; retry", status=503, retry_after=5
+            ) from None
 
     def _router_ready(self) -> bool:
         """Whether the router can be served: an entry expert with a harness, and another expert to route to."""
@@ -310,7 +373,7 @@ class Fleet:
     def _control(self, run: Callable[[], Any]) -> Any:
         job = _Control(run)
         self._jobs.put(job)
-        return job.future.result()
+        return self._wait(job.future)
 
     def _work(self) -> None:
         """Forever: gather what waits, run it; requests for a name being swapped wait for the next round."""

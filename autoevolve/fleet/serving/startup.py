@@ -51,12 +51,25 @@ def open_fleet(
                 continue
             slot = fleet.load(a.ref, a.path, hcp=stored.get(a.hcp_id))
             if e.live_version == a.version:
-                fleet.load(e.name, a.path, hcp=stored.get(a.hcp_id))
+                fleet.load(e.name, a.path, hcp=stored.get(a.hcp_id), ref=a.ref)
             say(f"  {slot.name}: {a.status}{'' if slot.hcp else ' (no harness on record: served as sent)'}")
         if e.live_version is None and e.name in harnesses:
             fleet.serve_base_as(e.name, harnesses[e.name])
             say(f"  {e.name}: no live version, the base model under {harnesses[e.name].name}")
     return fleet
+
+
+def recorded_folders(store_path: str | Path) -> Callable[[], tuple[dict[Path, str], set[str]]]:
+    """What the registry recorded, read anew at each call (a promotion registers new versions): each adapter
+    folder (resolved) with its ``NAME@vN``, and the experts' names."""
+
+    def read() -> tuple[dict[Path, str], set[str]]:
+        with Store.snapshot(store_path) as store:
+            experts = store.experts()
+            folders = {Path(a.path).resolve(): a.ref for e in experts for a in store.adapters(e.name)}
+        return folders, {e.name for e in experts}
+
+    return read
 
 
 def _stored(store: Store, hcp_id: str) -> HCPConfig | None:

@@ -24,15 +24,21 @@ from autoevolve.records import Message, ToolCall
 class WireError(ValueError):
     """A request the server refuses: HTTP ``status``, the message names the field and the fix."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, retry_after: int | None = None
+    ) -> None:
         super().__init__(message)
-        self.status, self.param = status, param
+        self.status, self.param, self.retry_after = status, param, retry_after
 
     def body(self) -> dict[str, Any]:
         """The error object of the OpenAI reference."""
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        code = "model_not_found" if self.status == 404 else None
+        code = {404: "model_not_found", 429: "rate_limit_exceeded"}.get(self.status)
         return {"error": {"message": str(self), "type": kind, "param": self.param, "code": code}}
+
+
+MAX_MESSAGES = 1024  # messages in one request
+MAX_TOOLS = 128  # tools offered in one request (OpenAI's own limit)
 
 
 class ChatBody(BaseModel):
@@ -41,8 +47,8 @@ class ChatBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -102,6 +108,8 @@ def conversation(raw: list[dict[str, Any]]) -> tuple[list[Message], str | None]:
     messages: list[Message] = []
     system: list[str] = []
     for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise WireError(f"messages[{i}]: a message is an object with a role", param=f"messages[{i}]")
         role = m.get("role")
         content = _text(m.get("content"), i)
         if role in ("system", "developer"):
@@ -113,8 +121,9 @@ def conversation(raw: list[dict[str, Any]]) -> tuple[list[Message], str | None]:
             calls = [_call(c, i, j) for j, c in enumerate(m.get("tool_calls") or [])]
             messages.append(Message(role="assistant", content=content, tool_calls=calls))
         elif role == "tool":
-            if not m.get("tool_call_id"):
-                raise WireError(f"messages[{i}]: a tool message needs tool_call_id", param=f"messages[{i}]")
+            if not m.get("tool_call_id") or not isinstance(m["tool_call_id"], str):
+                where = f"messages[{i}].tool_call_id"
+                raise WireError(f"{where}: a tool message needs the id (a string) of the call it answers", param=where)
             messages.append(Message(role="tool", content=content, tool_call_id=m["tool_call_id"]))
         else:
             raise WireError(f"messages[{i}].role: {role!r} is not system, developer, user, assistant or tool")
@@ -143,8 +152,9 @@ def _call(call: dict[str, Any], i: int, j: int) -> ToolCall:
     arguments = fn.get("arguments", "{}")
     if not isinstance(arguments, str):  # some clients send the object itself
         arguments = json.dumps(arguments)
-    if not call.get("id") or not fn.get("name"):
-        raise WireError(f"messages[{i}].tool_calls[{j}]: needs an id and function.name", param=f"messages[{i}]")
+    if not isinstance(fn, dict) or not isinstance(call.get("id"), str) or not isinstance(fn.get("name"), str):
+        where = f"messages[{i}].tool_calls[{j}]"
+        raise WireError(f"{where}: needs an id and function.name (strings)", param=where)
     return ToolCall(id=call["id"], function={"name": fn["name"], "arguments": arguments})
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from autoevolve.fleet.serving.app import create_app
-from autoevolve.fleet.serving.startup import open_fleet
+from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
+from autoevolve.fleet.serving.startup import open_fleet, recorded_folders
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.store import Store
 from tests.conftest import random_llama
@@ -47,7 +48,7 @@ def server(registry_store, peaked_dir):
 
     policy = LocalPolicy(str(peaked_dir), batch_size=16, dtype="float32")
     fleet = open_fleet(registry_store, policy, say=lambda _: None)
-    with running(create_app(fleet)) as url:
+    with running(create_app(fleet, runtime=RuntimeLoRA(recorded_folders(registry_store)))) as url:
         yield url, fleet
 
 
@@ -220,7 +221,7 @@ def test_a_request_for_an_unloaded_name_waits_for_its_reload_or_fails_after_the_
     missing = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "L7-none"})
     assert missing.status_code == 404
     bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "L7-x", "lora_path": str(folder) + "-gone"})
-    assert bad.status_code == 400 and "adapter_config.json is missing" in bad.json()["error"]["message"]
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora_path"  # not recorded: never looked at
     grace, fleet.swap_grace_s = fleet.swap_grace_s, 0.3
     try:
         httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "L1-life@v1"})

@@ -72,3 +72,12 @@ def test_serve_refuses_a_missing_store_and_a_bad_harness(tmp_path: Path, capsys)
     assert main(["serve", "--store", str(tmp_path / "s.duckdb"), "--hcp", "L1-life=nowhere.yaml"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("autoevolve: --hcp L1-life=nowhere.yaml: ") and "write EXPERT=FILE" in err
+
+
+def test_serve_refuses_an_open_host_without_a_key_and_a_root_without_runtime_loading(tmp_path: Path, capsys) -> None:
+    Store(tmp_path / "s.duckdb").close()
+    store = ["--store", str(tmp_path / "s.duckdb")]
+    assert main(["serve", *store, "--host", "0.0.0.0"]) == 2
+    assert "--host 0.0.0.0: anyone who reaches it could use every expert" in capsys.readouterr().err
+    assert main(["serve", *store, "--allow-adapter-root", str(tmp_path)]) == 2
+    assert "runtime loading is off; add --enable-runtime-lora" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from pathlib import Path
 from autoevolve.config import load_config
 from autoevolve.fleet.serving import Fleet
 from autoevolve.fleet.serving.app import create_app
+from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
 from autoevolve.store import Store
 from tests.fleet.serving.helpers import random_adapter, running
 
@@ -22,7 +23,7 @@ def test_a_round_with_the_openai_backend_runs_against_autoevolve_serve(
     from autoevolve_flows.round import round_flow
 
     fleet = Fleet(LocalPolicy(str(tiny_model_dir), batch_size=8, dtype="float32"), str(tiny_model_dir))
-    with running(create_app(fleet)) as url:
+    with running(create_app(fleet, runtime=RuntimeLoRA(roots=(tmp_path,)))) as url:
         path = tmp_path / "served.yaml"
         path.write_text(
             f"run_id: served\nhcp: {ROOT}/prompts/life.yaml\nstore: {tmp_path}/s.duckdb\nrun_dir: {tmp_path}/runs\n"

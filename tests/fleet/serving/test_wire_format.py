@@ -55,7 +55,7 @@ def test_messages_become_the_canonical_conversation() -> None:
     assert [m.role for m in history] == ["user", "assistant", "tool"] and history[0].content == "Book it"
     assert history[1].tool_calls[0].function == {"name": "f", "arguments": '{"x": 1}'}  # an object, sent as JSON
     for bad, why in [
-        ([{"role": "tool", "content": "x"}, *USER], "messages\\[0\\]: a tool message needs tool_call_id"),
+        ([{"role": "tool", "content": "x"}, *USER], "messages\\[0\\].tool_call_id: a tool message needs the id"),
         ([{"role": "robot", "content": "x"}], "messages\\[0\\].role: 'robot' is not system"),
         ([{"role": "system", "content": "x"}], "the conversation needs a user message"),
         ([{"role": "user", "content": [{"type": "image_url"}]}], "messages\\[0\\].content: only text parts"),
