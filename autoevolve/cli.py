@@ -123,10 +123,12 @@ def _kept_only_if_done(path: str | Path) -> Iterator[None]:
         raise
 
 
-def _store_file(path: str) -> None:
+def _store_file(path: str, otherwise: str = "") -> None:
     """A read command's store must exist (it is never created by reading)."""
     if not Path(path).is_file():
-        raise CommandError(f"no store at {path} (pass --store with an existing store's path; a run creates one)")
+        raise CommandError(
+            f"no store at {path} (pass --store with an existing store's path; a run creates one{otherwise})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,7 +363,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     srv = sub.add_parser(
         "serve", help="serve the registry's experts over an OpenAI-compatible API", description=_SERVE_HELP
     )
-    srv.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store with the registry (default {DEFAULT_STORE})")
+    srv.add_argument(
+        "--store",
+        help=f"DuckDB store with the registry (default {DEFAULT_STORE} where it exists; without one, --model alone)",
+    )
     srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     srv.add_argument("--model", help="base model (default: the experts' base model)")
@@ -422,7 +427,9 @@ def _serve(args: argparse.Namespace) -> int:
     from autoevolve.policy.local import LocalPolicy
     from autoevolve.store import Store, StoreError
 
-    _store_file(args.store)
+    store = args.store or (DEFAULT_STORE if Path(DEFAULT_STORE).is_file() or not args.model else None)
+    if store is not None:
+        _store_file(store, "; or --model NAME without --store to serve a model alone")
     harnesses = {}
     for item in args.hcp:
         name, _, file = item.partition("=")
@@ -439,18 +446,20 @@ def _serve(args: argparse.Namespace) -> int:
         )
     runtime = None
     if args.enable_runtime_lora or enabled_by_env():
-        runtime = RuntimeLoRA(recorded_folders(args.store), tuple(map(Path, args.allow_adapter_root)), args.max_loras)
+        runtime = RuntimeLoRA(recorded_folders(store), tuple(map(Path, args.allow_adapter_root)), args.max_loras)
     elif args.allow_adapter_root:
         raise CommandError("--allow-adapter-root: runtime loading is off; add --enable-runtime-lora")
-    with refusing(StoreError), Store.snapshot(args.store) as store:
-        bases = {e.base_model for e in store.experts()}
+    bases = set()
+    if store is not None:
+        with refusing(StoreError), Store.snapshot(store) as registry:
+            bases = {e.base_model for e in registry.experts()}
     model = args.model or (bases.pop() if len(bases) == 1 else EMBEDDED)
     if model == base_model_id(EMBEDDED):
         model = EMBEDDED  # the embedded copy of that model: no hub needed
-    print(f"autoevolve serve: loading {model} and the registry of {args.store}")
+    print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
     policy = LocalPolicy(model, batch_size=args.batch_size)
     fleet = open_fleet(
-        args.store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
+        store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
     )
     fleet.switch = args.switch
     print(f"serving {', '.join(c['id'] for c in fleet.cards())} on http://{args.host}:{args.port}/v1")

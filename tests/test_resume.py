@@ -47,6 +47,7 @@ def _run(args: list[str], kill_after: str | None = None, count: int = 1) -> tupl
     from prefect.settings import get_current_settings
 
     env = os.environ | {"PREFECT_API_URL": str(get_current_settings().api.url), "HF_HUB_OFFLINE": "1"}
+    env["AUTOEVOLVE_PROGRESS_EVERY"] = "0"  # a line per training step: the kill lands mid-training
     proc = subprocess.Popen(
         [sys.executable, "-m", *args],
         cwd=ROOT,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ PREFIXES_KEPT = 8  # shared prefixes kept: one per config and adapter in use is 
 ADAPTERS_KEPT = 4  # adapters whose stacked LoRA factors are kept
 
 OWN = object()  # Decoder.generate's kv_adapter default: the keys and values of the adapter that generates
+Listener = Callable[[list[int]], bool]  # a row's new tokens as generated; False ends the row
 Layers = list[dict[str, Projection]]  # per layer: the projection groups (see autoevolve.policy.weights)
 STORE_BYTES = 1 << 30  # keys and values kept for later calls (about 45k tokens of SmolLM2-135M in bf16)
 
@@ -134,6 +136,7 @@ class Decoder:
         cache_key: str | None = None,
         guides: list[Any] | None = None,
         kv_adapter: Any = OWN,
+        listeners: list[Listener | None] | None = None,
     ) -> list[list[int]]:
         """New tokens for each prompt, up to ``max_new``, without the stop token that ended it.
 
@@ -144,6 +147,8 @@ class Decoder:
         ``kv_adapter`` (an adapter's name, None for the bare base): take the prompt's stored keys and values from
         what that adapter computed instead of this one's (an approximation: they depend on the weights; nothing
         computed so is stored).
+        ``listeners``: per row, called with each step's new tokens as they are generated (a stream's); a row whose
+        listener returns False ends there (its client left, or its stop sequence came).
         """
         self.stats.calls += 1
         self.stats.rows += len(rows)
@@ -178,7 +183,11 @@ class Decoder:
             for slot, (i, tokens) in enumerate(zip(active, new, strict=True)):
                 if guides is not None and guides[i] is not None:
                     guides[i].take(tokens)
-                if self._append(out[i], tokens, max_new):
+                before = len(out[i])
+                goes_on = self._append(out[i], tokens, max_new)
+                if listeners is not None and listeners[i] is not None and len(out[i]) > before:
+                    goes_on = listeners[i](out[i][before:]) and goes_on
+                if goes_on:
                     keep.append(slot)
                 elif cache_key is not None and kv_adapter == adapter:  # the row ends: keep its prompt and fed tokens
                     n = min(int(fed[slot]), len(out[i]))

@@ -16,7 +16,7 @@ import torch
 
 from autoevolve import model as model_loader
 from autoevolve.policy import CallConstraint, ChatRequest, Completion
-from autoevolve.policy.decode import OWN, Decoder, common_prefix, supports
+from autoevolve.policy.decode import OWN, Decoder, Listener, common_prefix, supports
 
 Engine = Literal["auto", "hf"]
 
@@ -72,8 +72,12 @@ class LocalPolicy:
         """Tokens of a request's prompt under the chat template."""
         return len(self._encode_text(request))
 
-    def generate(self, requests: list[ChatRequest], adapter: str | None = None) -> list[Completion]:
-        """Complete requests in text-sorted batches; requests with equal decoding knobs share a batch."""
+    def generate(
+        self, requests: list[ChatRequest], adapter: str | None = None, listeners: list[Listener | None] | None = None
+    ) -> list[Completion]:
+        """Complete requests in text-sorted batches; requests with equal decoding knobs share a batch. ``listeners``
+        (per request): called with its new tokens as they are generated, as the decoder's are (see
+        ``Decoder.generate``); with ``model.generate`` once, at the end."""
         if adapter and adapter not in self.adapters:
             return [Completion(error=f"adapter {adapter!r} is not loaded") for _ in requests]
         texts = [self._template(r) for r in requests]
@@ -89,7 +93,10 @@ class LocalPolicy:
                 seed = requests[chunk[0]].seed
                 batch = [texts[i] for i in chunk]
                 constraints = [requests[i].constrain for i in chunk]
-                results = self._batch(batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints, reuse)
+                heard = [listeners[i] for i in chunk] if listeners else None
+                results = self._batch(
+                    batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints, reuse, heard
+                )
                 for i, result in zip(chunk, results, strict=True):
                     out[i] = result
         return [c for c in out if c is not None]
@@ -114,6 +121,7 @@ class LocalPolicy:
         cache_key: str | None = None,
         constraints: list[CallConstraint | None] | None = None,
         reuse_kv_of: str | None = None,
+        listeners: list[Listener | None] | None = None,
     ) -> list[Completion]:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
@@ -138,6 +146,7 @@ class LocalPolicy:
                         cache_key=cache_key,
                         guides=guides,
                         kv_adapter=OWN if reuse_kv_of is None else (reuse_kv_of or None),
+                        listeners=listeners,
                     )
                 else:
                     if guides:
@@ -145,6 +154,9 @@ class LocalPolicy:
 
                         kwargs["logits_processor"] = LogitsProcessorList([GuidedLogits(guides)])
                     new = self._generate_shared_prefix(ids, kwargs).tolist()
+                    for row, listener in zip(new, listeners or [None] * len(new), strict=True):
+                        if listener is not None:
+                            listener(row[: next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))])
         except Exception as exc:  # noqa: BLE001 - a broken batch becomes failed completions
             return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
         elapsed = time.perf_counter() - started

@@ -28,11 +28,30 @@ def test_a_bar_on_a_terminal_updates_in_place_and_gives_way_to_narration(monkeyp
 
 
 def test_a_bar_in_a_log_file_is_plain_lines_the_last_when_it_ends(monkeypatch: pytest.MonkeyPatch) -> None:
-    err, clock = io.StringIO(), iter([0.0, 1.0, 31.0, 32.0, 33.0])
+    err, clock = io.StringIO(), iter([-100.0, 0.0, 1.0, 31.0, 32.0, 33.0])
     monkeypatch.setattr("sys.stderr", err)
     monkeypatch.setattr(narration.time, "monotonic", lambda: next(clock))
+    monkeypatch.delenv("AUTOEVOLVE_PROGRESS_EVERY", raising=False)
+    narration.print_progress("train", 3, 9)  # a bar a crashed step left unfinished: the next one begins anew
+    err.truncate(0)
     for done in range(5):
         narration.print_progress("train", done, 4, width=4, note=f" (loss {1 / (done + 1):.2f})")
     lines = err.getvalue().splitlines()
     assert lines == ["  [##..] 2/4 train (loss 0.33) (0.1/s, 31 s left)", "  [####] 4/4 train (loss 0.20)"]
     assert "\r" not in err.getvalue() and "\x1b" not in err.getvalue()
+
+
+def test_the_seconds_between_plain_lines_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.setenv("AUTOEVOLVE_PROGRESS_EVERY", "0")
+    for done in range(3):
+        narration.print_progress("every", done, 2, width=2)
+    assert [line.split(" (")[0] for line in err.getvalue().splitlines()] == [
+        "  [..] 0/2 every",
+        "  [#.] 1/2 every",
+        "  [##] 2/2 every",
+    ]
+    monkeypatch.setenv("AUTOEVOLVE_PROGRESS_EVERY", "soon")
+    with pytest.raises(ValueError, match="AUTOEVOLVE_PROGRESS_EVERY='soon' is no number of seconds"):
+        narration.print_progress("every", 1, 2)

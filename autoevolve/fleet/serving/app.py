@@ -1,13 +1,17 @@
 """The HTTP face of the fleet: OpenAI's chat completions and model list, and vLLM's runtime LoRA endpoints.
 
-``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``GET /v1/models``, ``GET /health``,
+``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``GET /v1/models`` and
+``GET /v1/models/{id}``, ``GET /health``,
 and, only with runtime loading on (``runtime_lora.RuntimeLoRA``), ``POST /v1/load_lora_adapter`` and
 ``POST /v1/unload_lora_adapter`` (what ``hooks.VLLMHook`` calls on a promotion or rollback), run on an executor of
 their own. Every error, on every route and status, is the reference's error object: 400 for a request the server
 refuses (the message and ``param`` name the field), 401 without the key, 404 for an unknown model or route, 405,
 413 for a body over ``MAX_BODY_BYTES``, 422 for a body that is not the route's shape, 429 (with ``Retry-After``)
 when too many requests wait, 500 when generation failed (the reason goes to the server's log, not the client), 503
-when no reply came in time. A streamed reply is generated whole, then sent in word-sized chunks.
+when no reply came in time. A streamed reply leaves as it is generated: the text of each decode step as a chunk (a
+reply that may be a tool call is read whole, then its calls are sent in pieces); an error after the stream began is
+one event holding the error object. A client that leaves, streamed or not, ends its generation at the next decode
+step.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,10 +30,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException
 
 from autoevolve.fleet.serving.fleet import Fleet
+from autoevolve.fleet.serving.live import Live
 from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
-from autoevolve.fleet.serving.wire import ChatBody, WireError, sse
+from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, event
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413) unread
+CHECK_GONE_S = 0.25  # how often a request that is not streamed checks that its client is still there
 log = logging.getLogger(__name__)
 
 
@@ -56,13 +63,8 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
     app = FastAPI(title="autoevolve", docs_url=None, redoc_url=None, openapi_url=None)
     controls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoevolve-lora")  # apart from chat requests
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Response:
-        given = request.headers.get("authorization", "").encode("utf-8", "replace")
-        wanted = f"Bearer {api_key}".encode()
-        if api_key and request.url.path != "/health" and not secrets.compare_digest(given, wanted):
-            return _error(WireError("Incorrect API key: send Authorization: Bearer KEY", status=401))
-        return await call_next(request)
+    if api_key:
+        app.add_middleware(_KeyRequired, key=api_key)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> Response:
@@ -86,17 +88,32 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": fleet.cards()}
 
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Response:
+        card = next((c for c in fleet.cards() if c["id"] == model), None)
+        if card is None:
+            return _error(WireError(f"model: {model!r} is not served here", status=404, param="model"))
+        return JSONResponse(card)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
             body = await _body(request, ChatBody)
-            reply = await asyncio.to_thread(fleet.reply, body)
         except WireError as exc:
             return _error(exc)
+        live = fleet.live(body, asyncio.get_running_loop())
+        answer = asyncio.ensure_future(asyncio.to_thread(fleet.reply, body, live))
         if not body.stream:
-            return JSONResponse(reply.completion())
-        usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(iter(sse(reply.chunks(usage))), media_type="text/event-stream")
+            try:
+                return JSONResponse((await _unless_gone(request, answer, live)).completion())
+            except WireError as exc:
+                return _error(exc)
+        first = asyncio.ensure_future(live.pieces.get())
+        await asyncio.wait({first, answer}, return_when=asyncio.FIRST_COMPLETED)
+        if not first.done() and isinstance(answer.exception(), WireError):  # refused before a token left: its status
+            first.cancel()
+            return _error(answer.exception())
+        return StreamingResponse(_stream(body, live, answer, first), media_type="text/event-stream")
 
     if runtime is None:
         return app
@@ -124,6 +141,62 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     return app
+
+
+class _KeyRequired:
+    """Every route but /health wants ``Authorization: Bearer KEY`` (plain ASGI, so a handler still hears its
+    client leave)."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.wanted = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.wanted):
+                refused = _error(WireError("Incorrect API key: send Authorization: Bearer KEY", status=401))
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _unless_gone(request: Request, answer: asyncio.Future, live: Live) -> Reply:
+    """The reply; a client that disconnects while it waits ends its generation at the next decode step."""
+    while not answer.done():
+        await asyncio.wait({answer}, timeout=CHECK_GONE_S)
+        if not answer.done() and await request.is_disconnected():
+            live.cancelled.set()
+    return answer.result()
+
+
+async def _stream(body: ChatBody, live: Live, answer: asyncio.Future, first: asyncio.Future) -> AsyncIterator[str]:
+    """The events of a streamed reply: the role, each text piece as generated, then the rest of the reply (its
+    calls, the finish reason, the usage), then ``[DONE]``. However it ends, its generation ends too."""
+    usage = bool((body.stream_options or {}).get("include_usage"))
+    head = Reply(model=live.model or body.model, id=live.id, created=live.created)
+    try:
+        yield event(head.chunk({"role": "assistant", "content": ""}, usage))
+        piece = first
+        while True:
+            await asyncio.wait({piece, answer}, return_when=asyncio.FIRST_COMPLETED)
+            if not piece.done():
+                break
+            yield event(head.chunk({"content": piece.result()}, usage))
+            piece = asyncio.ensure_future(live.pieces.get())
+        piece.cancel()
+        while not live.pieces.empty():
+            yield event(head.chunk({"content": live.pieces.get_nowait()}, usage))
+        try:
+            reply = answer.result()
+        except WireError as exc:
+            yield event(exc.body())
+        else:
+            reply.id, reply.created = live.id, live.created
+            for chunk in reply.chunks(usage, sent=live.sent):
+                yield event(chunk)
+        yield "data: [DONE]\n\n"
+    finally:
+        live.cancelled.set()
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:

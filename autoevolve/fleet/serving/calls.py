@@ -4,7 +4,8 @@ Under a harness the conversation is rendered as a task of the environment would 
 task's request, the request's ``metadata`` fills the memory template, and each requested tool is shown as the
 harness shows it (its own spec of that name, as trained). A request that opens with a system message, or a slot
 with no harness on record, goes to the chat template as sent, with the request's tools native, as vLLM serves it.
-Tool call ids end with the served name that made the call, so the turn goes on there when the result comes back.
+Tool call ids are of OpenAI's shape (``call_`` and 24 letters and digits); the fleet keeps which served name made
+each call, so the turn goes on there when the result comes back.
 """
 
 from __future__ import annotations
@@ -137,9 +138,9 @@ def _forced(tools: list[dict[str, Any]], syntax: str, parallel: bool, body: Chat
     return CallConstraint(tools=tools, syntax=syntax, parallel=parallel)
 
 
-def read_calls(completion: Completion, view: View, served: str) -> list[ToolCall]:
+def read_calls(completion: Completion, view: View) -> list[ToolCall]:
     """The reply's tool calls, each checked against its tool's schema; [] when the reply is text (or a call the
-    offered tools cannot take, which then goes back as the text the model wrote). Ids name the expert that called."""
+    offered tools cannot take, which then goes back as the text the model wrote)."""
     if not view.tools:
         return []
     names = [t["function"]["name"] for t in view.tools]
@@ -157,22 +158,10 @@ def read_calls(completion: Completion, view: View, served: str) -> list[ToolCall
             spec = next((t for t in view.tools if t["function"]["name"] == name), None)
             if spec is None:
                 return []
-            calls.append(ToolCall.make(_call_id(served), name, check_arguments(spec, arguments)))
+            calls.append(ToolCall.make(f"call_{uuid.uuid4().hex[:24]}", name, check_arguments(spec, arguments)))
         return calls
     except CallError:
         return []
-
-
-def _call_id(served: str) -> str:
-    """A tool call id that says which served name made the call (the turn goes on there when the result comes)."""
-    return f"call_{uuid.uuid4().hex[:12]}.{served}"
-
-
-def caller(history: list[Message]) -> str | None:
-    """The served name whose tool call the conversation's last message answers, if it ends with a tool result."""
-    if not history or history[-1].role != "tool" or "." not in (history[-1].tool_call_id or ""):
-        return None
-    return (history[-1].tool_call_id or "").split(".", 1)[1]
 
 
 def cut(text: str, stops: list[str]) -> str:

@@ -27,6 +27,7 @@ import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,7 +36,8 @@ from typing import Any, Literal
 
 from autoevolve.fleet import registry
 from autoevolve.fleet.router import latest_turn
-from autoevolve.fleet.serving.calls import View, caller, cut, harnessed_call, in_context, read_calls
+from autoevolve.fleet.serving.calls import View, cut, harnessed_call, in_context, read_calls
+from autoevolve.fleet.serving.live import Live
 from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation
 from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.harness.hcp import HCPConfig
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 SWAP_GRACE_S = 10.0  # how long requests for an unloaded name wait for it to be loaded again
 MAX_WAITING = 256  # requests admitted and not yet answered; past it a request is answered 429 at once
 REPLY_TIMEOUT_S = 600.0  # how long a request waits for its batch before it is answered 503
+CALLERS_KEPT = 65536  # tool call ids whose served name is kept, for the turn that sends their result
 Switch = Literal["own", "shared", "shared_kv"]
 
 
@@ -83,6 +86,7 @@ class _Job:
     future: Future = field(default_factory=Future)
     slot: Slot | None = None
     request: ChatRequest | None = None
+    listener: Callable[[list[int]], bool] | None = None  # each decode step's new tokens (a stream's, a watcher's)
 
 
 @dataclass
@@ -124,6 +128,7 @@ class Fleet:
         self.stats = {"batches": 0, "calls": 0, "largest_batch": 0, "loads": 0, "unloads": 0}
         self.context = int(getattr(policy, "context_tokens", 0) or 0)  # prompt + completion tokens (0: unknown)
         self.max_waiting, self.reply_timeout_s = max_waiting, reply_timeout_s
+        self.callers: OrderedDict[str, str] = OrderedDict()  # tool call id -> the served name that made it
         self._waiting = threading.BoundedSemaphore(max_waiting)
         self._jobs: queue.Queue = queue.Queue()
         threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
@@ -199,9 +204,10 @@ class Fleet:
 
     # -- answering ------------------------------------------------------------------------------------------
 
-    def reply(self, body: ChatBody) -> Reply:
+    def reply(self, body: ChatBody, live: Live | None = None) -> Reply:
         """Answer one chat-completion request (blocks until its batch ran); WireError for a request it refuses, 429
-        when ``max_waiting`` requests wait already."""
+        when ``max_waiting`` requests wait already. ``live`` hears each decode step's tokens (the text of a stream)
+        and ends generation when its client leaves."""
         if self.context and body.max_new and body.max_new >= self.context:
             raise WireError(
                 f"max_tokens: {body.max_new} is not below the model's context of {self.context} tokens",
@@ -210,22 +216,33 @@ class Fleet:
         if not self._waiting.acquire(blocking=False):
             raise WireError(f"{self.max_waiting} requests are waiting; retry shortly", status=429, retry_after=1)
         try:
-            return self._reply(body)
+            return self._reply(body, live)
         finally:
             self._waiting.release()
 
-    def _reply(self, body: ChatBody) -> Reply:
+    def live(self, body: ChatBody, loop: Any = None) -> Live:
+        """What follows a request's generation step by step (``reply``'s ``live``); ``loop``: where its text goes."""
+        return Live(self.policy.tokenizer, body.stops, loop, stream=body.stream)
+
+    def _reply(self, body: ChatBody, live: Live | None) -> Reply:
         history, system = conversation(body.messages)
         routed = body.model == ROUTER or (body.model == self.entry and system is None and self._router_ready())
-        reply = self._routed(body, history) if routed else self._call(body.model, body, history=history, system=system)
-        if self.recorder is not None:
+        if routed:
+            reply = self._routed(body, history, live)
+        else:
+            reply = self._call(body.model, body, history=history, system=system, live=live)
+        for call in reply.calls:
+            self.callers[call.id] = reply.served
+            while len(self.callers) > CALLERS_KEPT:
+                self.callers.popitem(last=False)
+        if self.recorder is not None and not (live and live.cancelled.is_set()):  # a reply its client left: unsaid
             try:
                 self.recorder(self._trajectory(body, history, reply))
             except Exception:  # noqa: BLE001 - the answer stands when it cannot be recorded
                 log.exception("could not record a served conversation")
         return reply
 
-    def _routed(self, body: ChatBody, history: list[Message]) -> Reply:
+    def _routed(self, body: ChatBody, history: list[Message], live: Live | None) -> Reply:
         """The Mixture of LoRA: the entry expert answers or calls change_model; a call hands the turn to that expert.
         A turn an expert left with a tool call goes on with that expert when the client sends the result."""
         if not self._router_ready():
@@ -247,10 +264,11 @@ class Fleet:
                 return lambda slot: in_context(entry.hcp, body, messages, tool, answering, keep, reuse)
             return lambda slot: harnessed_call(slot.hcp, body, messages, None, None if answering else tool)
 
-        owner = caller(history)
+        last = history[-1]
+        owner = self.callers.get(last.tool_call_id or "") if last.role == "tool" else None
         if owner and owner != self.entry and owner in self.slots:
-            return self._call(owner, body, harnessed(turn if shared else history, True))
-        reply = self._call(self.entry, body, harnessed(turn, False))
+            return self._call(owner, body, harnessed(turn if shared else history, True), live=live)
+        reply = self._call(self.entry, body, harnessed(turn, False), live=live)
         if not reply.calls or reply.calls[0].name != CHANGE_MODEL:
             return reply
         call, routed = reply.calls[0], Routing()
@@ -268,7 +286,7 @@ class Fleet:
             Message(role="tool", content=result, tool_call_id=call.id),
         ]
         reuse = entry.ref if self.switch == "shared_kv" else None
-        answer = self._call(chosen, body, harnessed([*turn, *routing] if shared else history, True, reuse))
+        answer = self._call(chosen, body, harnessed([*turn, *routing] if shared else history, True, reuse), live=live)
         answer.routing = routing
         answer.prompt_tokens += reply.prompt_tokens
         answer.completion_tokens += reply.completion_tokens
@@ -281,6 +299,7 @@ class Fleet:
         make: Callable[[Slot], tuple[ChatRequest, View]] | None = None,
         history: list[Message] | None = None,
         system: str | None = None,
+        live: Live | None = None,
     ) -> Reply:
         """One model call for a served name (its request made by ``make`` once the slot is known; by default the
         slot's harness over ``history``) and its reply in the wire's terms."""
@@ -289,9 +308,12 @@ class Fleet:
         def build(slot: Slot) -> ChatRequest:
             request, view = make(slot) if make else harnessed_call(slot.hcp, body, history or [], system, None)
             views.append(view)
-            return self._fitted(request, body)
+            request = self._fitted(request, body)
+            if live is not None:
+                live.begin(slot.ref or slot.name, text_only=not view.tools)
+            return request
 
-        job = _Job(name, build)
+        job = _Job(name, build, listener=live.take if live is not None else None)
         self._jobs.put(job)
         completion: Completion = self._wait(job.future)
         if completion.error:
@@ -299,7 +321,7 @@ class Fleet:
             raise WireError("generation failed; the server's log says why", status=500)
         slot, view = job.slot, views[0]
         text = cut(completion.text, body.stops)
-        calls = read_calls(Completion(text=text), view, slot.name)
+        calls = read_calls(Completion(text=text), view)
         length = completion.completion_tokens >= (job.request.max_new_tokens if job.request else 0)
         return Reply(
             model=slot.ref or slot.name,
@@ -308,6 +330,7 @@ class Fleet:
             finish_reason="tool_calls" if calls else ("length" if length and text == completion.text else "stop"),
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
+            served=slot.name,
         )
 
     def _fitted(self, request: ChatRequest, body: ChatBody) -> ChatRequest:
@@ -426,8 +449,10 @@ class Fleet:
         for job in calls:
             groups.setdefault(job.slot.ref, []).append(job)
         for ref, group in groups.items():
+            listeners = [j.listener for j in group] if any(j.listener for j in group) else None
             try:
-                completions = self.policy.generate([j.request for j in group], ref or None)
+                extra = {"listeners": listeners} if listeners else {}  # only a local policy hears tokens
+                completions = self.policy.generate([j.request for j in group], ref or None, **extra)
             except Exception as exc:  # noqa: BLE001 - the policy never raises; this is a bug, reported per request
                 completions = [Completion(error=f"{type(exc).__name__}: {exc}")] * len(group)
             self.stats["batches"] += 1

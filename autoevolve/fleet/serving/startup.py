@@ -19,7 +19,7 @@ from autoevolve.store import Store
 
 
 def open_fleet(
-    store_path: str | Path,
+    store_path: str | Path | None,
     policy: LocalPolicy,
     *,
     entry: str | None = None,
@@ -29,12 +29,15 @@ def open_fleet(
 ) -> Fleet:
     """A fleet over a registry: each version and each expert's live one, with their harnesses (the adapter
     folder's ``hcp.json``, else the store's copy of the config it trained under, else ``harnesses[expert]``).
-    ``entry``: the router's entry expert (default: the registry's tier-0 expert, when there is one)."""
+    ``entry``: the router's entry expert (default: the registry's tier-0 expert, when there is one). With no store,
+    the base model alone."""
     harnesses = dict(harnesses or {})
-    with Store.snapshot(store_path) as store:
-        experts = store.experts()
-        versions = {e.name: store.adapters(e.name) for e in experts}
-        stored = {a.hcp_id: _stored(store, a.hcp_id) for vs in versions.values() for a in vs}
+    experts, versions, stored = [], {}, {}
+    if store_path is not None:
+        with Store.snapshot(store_path) as store:
+            experts = store.experts()
+            versions = {e.name: store.adapters(e.name) for e in experts}
+            stored = {a.hcp_id: _stored(store, a.hcp_id) for vs in versions.values() for a in vs}
     tier0 = [e.name for e in experts if e.tier == 0]
     fleet = Fleet(
         policy,
@@ -59,11 +62,13 @@ def open_fleet(
     return fleet
 
 
-def recorded_folders(store_path: str | Path) -> Callable[[], tuple[dict[Path, str], set[str]]]:
+def recorded_folders(store_path: str | Path | None) -> Callable[[], tuple[dict[Path, str], set[str]]]:
     """What the registry recorded, read anew at each call (a promotion registers new versions): each adapter
-    folder (resolved) with its ``NAME@vN``, and the experts' names."""
+    folder (resolved) with its ``NAME@vN``, and the experts' names (none without a store)."""
 
     def read() -> tuple[dict[Path, str], set[str]]:
+        if store_path is None:
+            return {}, set()
         with Store.snapshot(store_path) as store:
             experts = store.experts()
             folders = {Path(a.path).resolve(): a.ref for e in experts for a in store.adapters(e.name)}

@@ -3,8 +3,9 @@
 Requests follow the chat-completions reference: ``messages`` (system/developer, user, assistant with
 ``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
 ``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``. Fields
-the server cannot honour (``n`` > 1, ``logprobs``, ``response_format`` other than text) are refused with a 400
-naming the field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
+the server cannot honour (``n`` > 1, ``logprobs``, ``response_format`` other than text, and vLLM's ``top_k``,
+``min_p`` and ``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the
+field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
 ``metadata`` (a string map in the reference) fills the harness's memory template (e.g. ``today``, ``user``).
 """
 
@@ -39,6 +40,11 @@ class WireError(ValueError):
 
 MAX_MESSAGES = 1024  # messages in one request
 MAX_TOOLS = 128  # tools offered in one request (OpenAI's own limit)
+NEUTRAL = {
+    "top_k": (None, 0, -1),
+    "min_p": (None, 0.0),
+    "repetition_penalty": (None, 1.0),
+}  # values that change nothing
 
 
 class ChatBody(BaseModel):
@@ -63,6 +69,9 @@ class ChatBody(BaseModel):
     n: int = 1
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None
+    top_k: int | None = None  # vLLM's sampling extras: refused unless neutral (see _supported)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> ChatBody:
@@ -73,6 +82,9 @@ class ChatBody(BaseModel):
             raise ValueError("logprobs: not served; leave it unset")
         if self.response_format and self.response_format.get("type", "text") != "text":
             raise ValueError("response_format: only 'text' is served; for a tool call use tool_choice: required")
+        for name, neutral in NEUTRAL.items():
+            if getattr(self, name) not in neutral:
+                raise ValueError(f"{name}: not served; leave it unset (or {neutral[-1]})")
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice: {self.tool_choice!r} is not none, auto, required or a named function")
         return self
@@ -170,6 +182,7 @@ class Reply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     routing: list[Message] = field(default_factory=list)
+    served: str = ""  # the served name that wrote it: where the results of its tool calls go
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -190,23 +203,29 @@ class Reply:
         choice = {"index": 0, "message": self.message(), "finish_reason": self.finish_reason, "logprobs": None}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage()}
 
-    def chunks(self, include_usage: bool = False) -> list[dict[str, Any]]:
-        """The ``chat.completion.chunk`` objects of a streamed reply: the role, the text in pieces, each call, the
-        finish reason, and the usage when asked for (``stream_options.include_usage``)."""
-        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-        deltas += [{"content": piece} for piece in _pieces(self.text)]
+    def chunks(self, include_usage: bool = False, sent: str | None = None) -> list[dict[str, Any]]:
+        """The ``chat.completion.chunk`` objects of a streamed reply: the role, the text in pieces, each call (its
+        id and name, then its arguments in pieces, as the reference streams them), the finish reason, and the usage
+        when asked for (``stream_options.include_usage``). ``sent``: the role and this much text left already, as
+        the reply was generated; only what follows is in these chunks."""
+        deltas: list[dict[str, Any]] = [] if sent is not None else [{"role": "assistant", "content": ""}]
+        rest = self.text[len(sent or "") :] if self.text.startswith(sent or "") else ""
+        deltas += [{"content": piece} for piece in _pieces(rest)]
         for i, call in enumerate(self.calls):
-            deltas.append({"tool_calls": [{"index": i, **call.model_dump()}]})
-        out = [self._chunk(d, None) for d in deltas] + [self._chunk({}, self.finish_reason)]
+            head = {"id": call.id, "type": "function", "function": {"name": call.function["name"], "arguments": ""}}
+            deltas.append({"tool_calls": [{"index": i, **head}]})
+            for piece in _pieces(call.function["arguments"]):
+                deltas.append({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+        out = [self.chunk(d, include_usage) for d in deltas] + [self.chunk({}, include_usage, self.finish_reason)]
         if include_usage:
-            out = [{**c, "usage": None} for c in out] + [
-                {**self._head("chat.completion.chunk"), "choices": [], "usage": self.usage()}
-            ]
+            out.append({**self._head("chat.completion.chunk"), "choices": [], "usage": self.usage()})
         return out
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    def chunk(self, delta: dict[str, Any], include_usage: bool = False, finish: str | None = None) -> dict[str, Any]:
+        """One ``chat.completion.chunk`` of this reply (``usage`` null on each when the stream ends with it)."""
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        return {**out, "usage": None} if include_usage else out
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -222,6 +241,6 @@ def _pieces(text: str) -> list[str]:
     return [*pieces, text[start:]] if text else []
 
 
-def sse(chunks: list[dict[str, Any]]) -> list[str]:
-    """Server-sent events of a stream: one ``data:`` line per chunk, then ``data: [DONE]``."""
-    return [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+def event(chunk: dict[str, Any]) -> str:
+    """One server-sent event."""
+    return f"data: {json.dumps(chunk)}\n\n"

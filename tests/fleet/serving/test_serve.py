@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -66,6 +67,29 @@ def test_models_lists_the_base_each_expert_and_each_version(server, peaked_dir) 
     assert cards["L1-life"].parent == str(peaked_dir) and cards[str(peaked_dir)].parent is None
 
 
+def test_a_model_card_is_retrieved_by_its_id_slashes_and_all(server, peaked_dir) -> None:
+    import openai
+
+    url, _ = server
+    client = _client(url)
+    assert client.models.retrieve("L1-life@v2").root.endswith("L1-life-v2")
+    assert client.models.retrieve(str(peaked_dir)).parent is None  # a path as the id: slashes and all
+    with pytest.raises(openai.NotFoundError, match="'L9-none' is not served here"):
+        client.models.retrieve("L9-none")
+
+
+def test_a_bare_model_is_served_with_no_store(peaked_dir) -> None:
+    from autoevolve.policy.local import LocalPolicy
+
+    fleet = open_fleet(None, LocalPolicy(str(peaked_dir), dtype="float32"), say=lambda _: None)
+    with running(create_app(fleet)) as url:
+        client = _client(url)
+        assert [m.id for m in client.models.list().data] == [str(peaked_dir)]
+        hi = [{"role": "user", "content": "hi"}]
+        answer = client.chat.completions.create(model=str(peaked_dir), messages=hi, max_tokens=3, temperature=0)
+    assert answer.usage.completion_tokens == 3 and answer.model == str(peaked_dir)
+
+
 def test_the_openai_client_gets_text_tool_calls_and_errors(server) -> None:
     import openai
 
@@ -89,7 +113,7 @@ def test_the_openai_client_gets_text_tool_calls_and_errors(server) -> None:
     )
     assert forced.choices[0].finish_reason == "tool_calls" and forced.choices[0].message.content is None
     [call] = forced.choices[0].message.tool_calls
-    assert call.type == "function" and call.function.name == "pick_car" and call.id.endswith(".L1-life")
+    assert call.type == "function" and call.function.name == "pick_car" and re.fullmatch("call_[0-9a-f]{24}", call.id)
     assert json.loads(call.function.arguments)["size"] in ("small", "large")
     with pytest.raises(openai.NotFoundError, match="'L9-none' is not served here"):
         client.chat.completions.create(model="L9-none", max_tokens=4, **ask)
@@ -139,6 +163,44 @@ def test_curl_streams_the_same_reply_as_server_sent_events(server) -> None:
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
 
 
+def test_a_stream_leaves_as_it_is_generated_and_ends_when_its_client_leaves(server) -> None:
+    import httpx
+
+    url, fleet = server
+    client, stats = _client(url), fleet.policy.decoder.stats
+    ask = {"model": "L1-life@v1", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 600}
+    ask |= {"temperature": 1.0, "seed": 5}  # sampled: one token a decode step
+    whole = client.chat.completions.create(**ask)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 600
+    before, calls, seen = stats.decode_tokens, fleet.stats["calls"], []
+    stream = client.chat.completions.create(stream=True, **ask)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            seen.append(stats.decode_tokens - before)  # tokens generated when this piece arrived
+        if len(seen) == 3:
+            break
+    stream.close()  # the client leaves mid-reply
+    _until(lambda: fleet.stats["calls"] > calls)
+    assert seen[0] < 300, seen  # the first text left long before the reply could have been generated whole
+    assert stats.decode_tokens - before < 600  # and generation stopped when the client left
+    again = "".join(
+        c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **ask) if c.choices
+    )
+    assert again == whole.choices[0].message.content  # streamed in full, the very reply
+    before, calls = stats.decode_tokens, fleet.stats["calls"]
+    with pytest.raises(httpx.ReadTimeout):  # a client that stops waiting for a reply not streamed
+        httpx.post(f"{url}/v1/chat/completions", json=ask, timeout=httpx.Timeout(5, read=0.2))
+    _until(lambda: fleet.stats["calls"] > calls)
+    assert stats.decode_tokens - before < 600
+
+
+def _until(done, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert done()
+
+
 def test_served_tokens_equal_the_tokens_stage_3_trained_on(server, peaked_dir) -> None:
     """A conversation sent to L1-life reaches the model as the very token ids distillation trained v3 on."""
     from autoevolve.envs.life import LifeEnv
@@ -155,9 +217,9 @@ def test_served_tokens_equal_the_tokens_stage_3_trained_on(server, peaked_dir) -
     seen: list[list[int]] = []
     generate = fleet.policy.generate
 
-    def spy(requests, adapter=None):
+    def spy(requests, adapter=None, **heard):
         seen.extend(fleet.policy._encode_text(r) for r in requests)
-        return generate(requests, adapter)
+        return generate(requests, adapter, **heard)
 
     fleet.policy.generate = spy
     try:
@@ -191,7 +253,9 @@ def test_a_system_message_brings_its_own_harness(server) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     seen = []
     generate = fleet.policy.generate
-    fleet.policy.generate = lambda requests, adapter=None: seen.extend(requests) or generate(requests, adapter)
+    fleet.policy.generate = lambda requests, adapter=None, **heard: (
+        seen.extend(requests) or generate(requests, adapter, **heard)
+    )
     try:
         _client(url).chat.completions.create(model="L1-life", messages=messages, max_tokens=2, temperature=0)
     finally:

@@ -67,7 +67,10 @@ def test_serve_runs_the_registry_and_records_what_it_served(tmp_path: Path, tiny
 def test_serve_refuses_a_missing_store_and_a_bad_harness(tmp_path: Path, capsys) -> None:
     assert main(["serve", "--store", str(tmp_path / "none.duckdb")]) == 2
     missing = f"autoevolve: no store at {tmp_path / 'none.duckdb'} (pass --store with an existing store's path; a run"
-    assert capsys.readouterr().err.strip() == f"{missing} creates one)"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"{missing} creates one; or --model NAME without --store to serve a model alone)"
+    )
     Store(tmp_path / "s.duckdb").close()
     assert main(["serve", "--store", str(tmp_path / "s.duckdb"), "--hcp", "L1-life=nowhere.yaml"]) == 2
     err = capsys.readouterr().err

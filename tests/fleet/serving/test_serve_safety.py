@@ -138,7 +138,7 @@ def test_too_many_waiting_requests_are_told_to_retry_and_a_slow_batch_times_out(
     fleet = Fleet(policy, str(tiny_model_dir), max_waiting=1, reply_timeout_s=0.5)
     release = threading.Event()
     generate = policy.generate
-    policy.generate = lambda requests, adapter=None: release.wait(10) and generate(requests, adapter)
+    policy.generate = lambda requests, adapter=None, **heard: release.wait(10) and generate(requests, adapter, **heard)
     try:
         with running(create_app(fleet)) as url:
             ask = {"model": str(tiny_model_dir), **ASK}

@@ -7,9 +7,10 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from autoevolve.fleet.serving.calls import caller, cut
-from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation, sse
-from autoevolve.records import Message, ToolCall
+from autoevolve.fleet.serving.calls import cut
+from autoevolve.fleet.serving.live import Live
+from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation, event
+from autoevolve.records import ToolCall
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -22,6 +23,9 @@ USER = [{"role": "user", "content": "hi"}]
         ({"response_format": {"type": "json_schema"}}, "response_format: only 'text' is served"),
         ({"tool_choice": "maybe"}, "tool_choice: 'maybe' is not none, auto, required or a named function"),
         ({"temperature": 3}, "less than or equal to 2"),
+        ({"top_k": 40}, "top_k: not served; leave it unset \\(or -1\\)"),
+        ({"min_p": 0.1}, "min_p: not served"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty: not served"),
     ],
 )
 def test_a_body_the_server_cannot_honour_is_refused(extra: dict, message: str) -> None:
@@ -30,7 +34,7 @@ def test_a_body_the_server_cannot_honour_is_refused(extra: dict, message: str) -
 
 
 def test_unknown_fields_are_ignored_and_limits_read_from_either_name() -> None:
-    body = ChatBody(model="m", messages=USER, max_completion_tokens=7, user="u-1", store=False, stop="END")
+    body = ChatBody(model="m", messages=USER, max_completion_tokens=7, user="u-1", store=False, stop="END", top_k=-1)
     assert (body.max_new, body.stops, body.forced_tool()) == (7, ["END"], None)
     named = ChatBody(model="m", messages=USER, tool_choice={"type": "function", "function": {"name": "f"}})
     assert named.forced_tool() == "f"
@@ -71,20 +75,46 @@ def test_a_reply_streams_as_chunks_that_join_back_to_it() -> None:
     assert text == reply.text and len(chunks) == 1 + 4 + 1 + 1  # role, four words, finish, usage
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["usage"]["total_tokens"] == 14
     assert {c["id"] for c in chunks} == {reply.id} and {c["model"] for c in chunks} == {"L1-life@v2"}
-    call = ToolCall.make("call_1.L1-life", "book_table", {"restaurant_id": "R-1"})
+    call = ToolCall.make("call_1", "book_table", {"restaurant_id": "R-1", "party": 2})
     calls = Reply(model="m", calls=[call], finish_reason="tool_calls")
     body = calls.completion()
     assert body["choices"][0]["message"] == {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]}
     streamed = calls.chunks()
-    assert streamed[1]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, **call.model_dump()}]
-    events = sse(streamed)
-    assert events[-1] == "data: [DONE]\n\n" and json.loads(events[0].removeprefix("data: ")) == streamed[0]
+    named = {"id": "call_1", "type": "function", "function": {"name": "book_table", "arguments": ""}}
+    assert streamed[1]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, **named}]  # as the reference streams it
+    pieces = [c["choices"][0]["delta"]["tool_calls"][0] for c in streamed[2:-1]]
+    assert len(pieces) > 1 and all(p.keys() == {"index", "function"} for p in pieces)
+    assert "".join(p["function"]["arguments"] for p in pieces) == call.function["arguments"]
+    assert json.loads(event(streamed[0]).removeprefix("data: ")) == streamed[0]
+    rest = reply.chunks(sent="Table for")  # the role and these words left as they were generated
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in rest) == " two,\nbooked."
 
 
-def test_stops_cut_the_text_and_call_ids_name_who_called() -> None:
+def test_stops_cut_the_text() -> None:
     assert cut("Sure. END more", ["END", "ore"]) == "Sure. "
     assert cut("no stop", []) == "no stop"
-    result = Message(role="tool", content="{}", tool_call_id="call_ab12.L1-life")
-    assert caller([Message(role="user", content="x"), result]) == "L1-life"
-    assert caller([Message(role="user", content="x")]) is None
-    assert caller([Message(role="tool", content="{}", tool_call_id="call_1")]) is None  # another server's id
+
+
+def test_live_text_leaves_as_generated_holding_back_what_may_be_a_stop_or_half_a_character(tokenizer) -> None:
+    live = Live(tokenizer, ["</end>"])
+    live.begin("m", text_only=True)
+    ids = tokenizer("Hello wor", add_special_tokens=False)["input_ids"]
+    assert all(live.take([i]) for i in ids)
+    held = tokenizer("ld </", add_special_tokens=False)["input_ids"]
+    assert live.take(held) and live.sent == "Hello world "  # "</" may begin the stop: held back
+    assert not live.take(tokenizer("end> more", add_special_tokens=False)["input_ids"])  # the stop ends the row
+    pieces = []
+    while not live.pieces.empty():
+        pieces.append(live.pieces.get_nowait())
+    assert "".join(pieces) == "Hello world " and len(pieces) >= 3
+    euro = tokenizer("€", add_special_tokens=False)["input_ids"]
+    other = Live(tokenizer, [])
+    other.begin("m", text_only=True)
+    if len(euro) > 1:  # a character over several tokens leaves whole
+        assert other.take(euro[:1]) and other.sent == ""
+    assert other.take(euro[1:] if len(euro) > 1 else euro) and other.sent == "€"
+    gone = Live(tokenizer, [], stream=False)
+    gone.begin("m", text_only=True)
+    assert gone.take(ids) and gone.sent == ""  # not streamed: no text is decoded
+    gone.cancelled.set()
+    assert not gone.take(ids)  # its client left: the row ends
