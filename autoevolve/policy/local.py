@@ -102,7 +102,9 @@ class LocalPolicy:
         return [c for c in out if c is not None]
 
     def _template(self, request: ChatRequest) -> str:
-        """The prompt text under the model's chat template."""
+        """The prompt text under the model's chat template (a raw prompt as it is)."""
+        if request.prompt is not None:
+            return request.prompt
         return model_loader.chat_text(self.tokenizer, request.messages, request.tools, generation_prompt=True)
 
     def _encode_text(self, request: ChatRequest) -> list[int]:

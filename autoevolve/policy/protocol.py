@@ -41,6 +41,11 @@ class ChatRequest(BaseModel):
         description="Requests with the same key may start from prompt tokens an earlier request with that key "
         "computed (a local policy's KV store); never sent to a server. The rollout engine keys each batch of episodes.",
     )
+    prompt: str | None = Field(
+        default=None,
+        description="A raw prompt, generated from as it is, without the chat template (``/v1/completions``); "
+        "``messages`` are then empty. Local policies only.",
+    )
     reuse_kv_of: str | None = Field(
         default=None,
         description="Start from the keys and values another adapter ('': the bare base) computed for this prompt's "

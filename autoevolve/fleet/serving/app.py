@@ -1,7 +1,8 @@
-"""The HTTP face of the fleet: OpenAI's chat completions and model list, and vLLM's runtime LoRA endpoints.
+"""The HTTP face of the fleet: OpenAI's chat and text completions, model list and cards, vLLM's token and LoRA routes.
 
-``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``GET /v1/models`` and
-``GET /v1/models/{id}``, ``GET /health``,
+``POST /v1/chat/completions`` (``stream: true`` answers server-sent events), ``POST /v1/completions`` (a prompt
+continued as it is), ``GET /v1/models`` and ``GET /v1/models/{id}``, vLLM's ``POST /tokenize`` and
+``POST /detokenize``, ``GET /metrics`` (Prometheus), ``GET /health``,
 and, only with runtime loading on (``runtime_lora.RuntimeLoRA``), ``POST /v1/load_lora_adapter`` and
 ``POST /v1/unload_lora_adapter`` (what ``hooks.VLLMHook`` calls on a promotion or rollback), run on an executor of
 their own. Every error, on every route and status, is the reference's error object: 400 for a request the server
@@ -17,22 +18,26 @@ step.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.exceptions import HTTPException
 
 from autoevolve.fleet.serving.fleet import Fleet
 from autoevolve.fleet.serving.live import Live
+from autoevolve.fleet.serving.metrics import CONTENT_TYPE, Metrics
 from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
-from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, event
+from autoevolve.fleet.serving.wire import MAX_MESSAGES, ChatBody, CompletionBody, Reply, SamplingBody, WireError, event
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413) unread
 CHECK_GONE_S = 0.25  # how often a request that is not streamed checks that its client is still there
@@ -57,11 +62,39 @@ class UnloadBody(BaseModel):
     lora_name: str
 
 
+class TokenizeBody(BaseModel):
+    """vLLM's ``/tokenize`` request: a prompt as it is, or messages under the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_MESSAGES)
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TokenizeBody:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: send a prompt or messages (one of them)")
+        return self
+
+
+class DetokenizeBody(BaseModel):
+    """vLLM's ``/detokenize`` request."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    tokens: list[int] = Field(max_length=1 << 20)
+
+
 def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | None = None) -> FastAPI:
     """The server's routes over a fleet; with ``api_key`` every route but /health wants ``Authorization: Bearer``;
     with ``runtime`` the runtime LoRA endpoints exist and load what it allows."""
     app = FastAPI(title="autoevolve", docs_url=None, redoc_url=None, openapi_url=None)
     controls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoevolve-lora")  # apart from chat requests
+    metrics = Metrics(lambda: fleet.in_flight)
 
     if api_key:
         app.add_middleware(_KeyRequired, key=api_key)
@@ -97,23 +130,34 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        return await _answer(request, fleet, metrics, ChatBody)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _answer(request, fleet, metrics, CompletionBody)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
         try:
-            body = await _body(request, ChatBody)
+            body = await _body(request, TokenizeBody)
+            fleet.served(body.model)
+            ids = fleet.tokens(body.prompt, body.messages, body.add_generation_prompt, body.add_special_tokens)
         except WireError as exc:
             return _error(exc)
-        live = fleet.live(body, asyncio.get_running_loop())
-        answer = asyncio.ensure_future(asyncio.to_thread(fleet.reply, body, live))
-        if not body.stream:
-            try:
-                return JSONResponse((await _unless_gone(request, answer, live)).completion())
-            except WireError as exc:
-                return _error(exc)
-        first = asyncio.ensure_future(live.pieces.get())
-        await asyncio.wait({first, answer}, return_when=asyncio.FIRST_COMPLETED)
-        if not first.done() and isinstance(answer.exception(), WireError):  # refused before a token left: its status
-            first.cancel()
-            return _error(answer.exception())
-        return StreamingResponse(_stream(body, live, answer, first), media_type="text/event-stream")
+        return JSONResponse({"count": len(ids), "max_model_len": fleet.context, "tokens": ids, "token_strs": None})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        try:
+            body = await _body(request, DetokenizeBody)
+            fleet.served(body.model)
+            return JSONResponse({"prompt": fleet.text(body.tokens)})
+        except WireError as exc:
+            return _error(exc)
+
+    @app.get("/metrics")
+    async def exposition() -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
 
     if runtime is None:
         return app
@@ -127,6 +171,7 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
             await asyncio.get_running_loop().run_in_executor(
                 controls, lambda: fleet.load(name, path, inplace, ref=ref, limit=limit)
             )
+            metrics.loads.inc()
         except WireError as exc:
             return _error(exc)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
@@ -136,6 +181,7 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
         try:
             body = await _body(request, UnloadBody)
             await asyncio.get_running_loop().run_in_executor(controls, fleet.unload, body.lora_name)
+            metrics.unloads.inc()
         except WireError as exc:
             return _error(exc)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
@@ -160,6 +206,74 @@ class _KeyRequired:
         await self.app(scope, receive, send)
 
 
+async def _answer(request: Request, fleet: Fleet, metrics: Metrics, kind: type[SamplingBody]) -> Response:
+    """A chat or text completion: the whole reply, or its stream (see the module docstring)."""
+    started = time.monotonic()
+    try:
+        body = await _body(request, kind)
+    except WireError as exc:
+        return _error(exc)
+    text = isinstance(body, CompletionBody)
+    live = fleet.live(body, asyncio.get_running_loop())
+    if text:
+        live.id = "cmpl-" + live.id.removeprefix("chatcmpl-")
+    answer = asyncio.ensure_future(asyncio.to_thread(fleet.complete if text else fleet.reply, body, live))
+    count = functools.partial(_count, metrics, body.model, live, started)
+    if not body.stream:
+        try:
+            reply = await _unless_gone(request, answer, live)
+        except WireError as exc:
+            count(None)
+            return _error(exc)
+        count(reply)
+        reply.id = live.id
+        return JSONResponse(reply.text_completion(body.text if body.echo else "") if text else reply.completion())
+    first = asyncio.ensure_future(live.pieces.get())
+    await asyncio.wait({first, answer}, return_when=asyncio.FIRST_COMPLETED)
+    if not first.done() and isinstance(answer.exception(), WireError):  # refused before a token left: its status
+        first.cancel()
+        count(None)
+        return _error(answer.exception())
+    shape = _Text(body.text if body.echo else "") if text else _Chat()
+    return StreamingResponse(_stream(body, live, answer, first, shape, count), media_type="text/event-stream")
+
+
+def _count(metrics: Metrics, model: str, live: Live, started: float, reply: Reply | None) -> None:
+    """A request ended: how (``error`` when refused or failed, ``abort`` when its client left), its tokens, times."""
+    reason = "error" if reply is None else ("abort" if live.cancelled.is_set() else reply.finish_reason)
+    tokens = (reply.prompt_tokens, reply.completion_tokens) if reply else (0, 0)
+    metrics.finished(model, reason, started, live.first_token, *tokens)
+
+
+class _Chat:
+    """A streamed chat completion's chunks."""
+
+    def opening(self, head: Reply, usage: bool) -> list[dict[str, Any]]:
+        return [head.chunk({"role": "assistant", "content": ""}, usage)]
+
+    def piece(self, head: Reply, text: str, usage: bool) -> dict[str, Any]:
+        return head.chunk({"content": text}, usage)
+
+    def rest(self, reply: Reply, usage: bool, sent: str) -> list[dict[str, Any]]:
+        return reply.chunks(usage, sent=sent)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A streamed text completion's chunks (``echo``: the prompt, sent first)."""
+
+    echo: str = ""
+
+    def opening(self, head: Reply, usage: bool) -> list[dict[str, Any]]:
+        return [head.text_chunk(self.echo, usage)] if self.echo else []
+
+    def piece(self, head: Reply, text: str, usage: bool) -> dict[str, Any]:
+        return head.text_chunk(text, usage)
+
+    def rest(self, reply: Reply, usage: bool, sent: str) -> list[dict[str, Any]]:
+        return reply.text_chunks(usage, sent=sent)
+
+
 async def _unless_gone(request: Request, answer: asyncio.Future, live: Live) -> Reply:
     """The reply; a client that disconnects while it waits ends its generation at the next decode step."""
     while not answer.done():
@@ -169,34 +283,47 @@ async def _unless_gone(request: Request, answer: asyncio.Future, live: Live) -> 
     return answer.result()
 
 
-async def _stream(body: ChatBody, live: Live, answer: asyncio.Future, first: asyncio.Future) -> AsyncIterator[str]:
-    """The events of a streamed reply: the role, each text piece as generated, then the rest of the reply (its
+async def _stream(
+    body: SamplingBody,
+    live: Live,
+    answer: asyncio.Future,
+    first: asyncio.Future,
+    shape: _Chat | _Text,
+    count: Callable[[Reply | None], None],
+) -> AsyncIterator[str]:
+    """The events of a streamed reply: its opening, each text piece as generated, then the rest of the reply (its
     calls, the finish reason, the usage), then ``[DONE]``. However it ends, its generation ends too."""
-    usage = bool((body.stream_options or {}).get("include_usage"))
+    usage, counted = body.include_usage, False
     head = Reply(model=live.model or body.model, id=live.id, created=live.created)
     try:
-        yield event(head.chunk({"role": "assistant", "content": ""}, usage))
+        for chunk in shape.opening(head, usage):
+            yield event(chunk)
         piece = first
         while True:
             await asyncio.wait({piece, answer}, return_when=asyncio.FIRST_COMPLETED)
             if not piece.done():
                 break
-            yield event(head.chunk({"content": piece.result()}, usage))
+            yield event(shape.piece(head, piece.result(), usage))
             piece = asyncio.ensure_future(live.pieces.get())
         piece.cancel()
         while not live.pieces.empty():
-            yield event(head.chunk({"content": live.pieces.get_nowait()}, usage))
+            yield event(shape.piece(head, live.pieces.get_nowait(), usage))
         try:
             reply = answer.result()
         except WireError as exc:
+            count(None)
             yield event(exc.body())
         else:
+            count(reply)
             reply.id, reply.created = live.id, live.created
-            for chunk in reply.chunks(usage, sent=live.sent):
+            for chunk in shape.rest(reply, usage, live.sent):
                 yield event(chunk)
+        counted = True
         yield "data: [DONE]\n\n"
     finally:
         live.cancelled.set()
+        if not counted:  # the client left mid-stream
+            count(None if not answer.done() or answer.exception() else answer.result())
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:

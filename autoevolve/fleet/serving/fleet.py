@@ -38,10 +38,10 @@ from autoevolve.fleet import registry
 from autoevolve.fleet.router import latest_turn
 from autoevolve.fleet.serving.calls import View, cut, harnessed_call, in_context, read_calls
 from autoevolve.fleet.serving.live import Live
-from autoevolve.fleet.serving.wire import ChatBody, Reply, WireError, conversation
+from autoevolve.fleet.serving.wire import ChatBody, CompletionBody, Reply, SamplingBody, WireError, conversation
 from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.harness.hcp import HCPConfig
-from autoevolve.model import base_model_id
+from autoevolve.model import base_model_id, chat_text
 from autoevolve.policy import ChatRequest, Completion
 from autoevolve.records import Expert, Message, Trajectory
 
@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 SWAP_GRACE_S = 10.0  # how long requests for an unloaded name wait for it to be loaded again
 MAX_WAITING = 256  # requests admitted and not yet answered; past it a request is answered 429 at once
 REPLY_TIMEOUT_S = 600.0  # how long a request waits for its batch before it is answered 503
+TEXT_MAX_TOKENS = 16  # a text completion's limit when the request sets none (the reference's default)
 CALLERS_KEPT = 65536  # tool call ids whose served name is kept, for the turn that sends their result
 Switch = Literal["own", "shared", "shared_kv"]
 
@@ -130,6 +131,7 @@ class Fleet:
         self.max_waiting, self.reply_timeout_s = max_waiting, reply_timeout_s
         self.callers: OrderedDict[str, str] = OrderedDict()  # tool call id -> the served name that made it
         self._waiting = threading.BoundedSemaphore(max_waiting)
+        self.in_flight, self._count = 0, threading.Lock()  # requests admitted and not yet answered
         self._jobs: queue.Queue = queue.Queue()
         threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
 
@@ -202,12 +204,60 @@ class Fleet:
         """Serve an expert with no live version: the bare base model under its harness (startup only)."""
         self.slots[name] = Slot(name, "", "", hcp)
 
+    # -- tokens ---------------------------------------------------------------------------------------------
+
+    def served(self, name: str) -> None:
+        """WireError 404 unless ``name`` is served here."""
+        if self.aliases.get(name, name) not in self.slots and not (name == ROUTER and self._router_ready()):
+            raise WireError(f"model: {name!r} is not served here (served: {self._names()})", status=404, param="model")
+
+    def tokens(
+        self, prompt: str | None, messages: list[dict[str, Any]] | None, generation_prompt: bool, special: bool
+    ) -> list[int]:
+        """Token ids of a prompt as it is, or of messages under the chat template as sent (vLLM's /tokenize)."""
+        tokenizer = self.policy.tokenizer
+        if prompt is not None:
+            return tokenizer(prompt, add_special_tokens=special)["input_ids"]
+        try:
+            text = chat_text(tokenizer, messages or [], None, generation_prompt=generation_prompt)
+        except Exception as exc:  # noqa: BLE001 - the template's own complaint names what it could not render
+            raise WireError(f"messages: the chat template cannot render them: {exc}", param="messages") from None
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def text(self, ids: list[int]) -> str:
+        """The text of token ids (vLLM's /detokenize); WireError for an id outside the vocabulary."""
+        size = len(self.policy.tokenizer)
+        if any(not 0 <= i < size for i in ids):
+            raise WireError(f"tokens: every id is in [0, {size})", param="tokens")
+        return self.policy.tokenizer.decode(ids)
+
     # -- answering ------------------------------------------------------------------------------------------
 
     def reply(self, body: ChatBody, live: Live | None = None) -> Reply:
         """Answer one chat-completion request (blocks until its batch ran); WireError for a request it refuses, 429
         when ``max_waiting`` requests wait already. ``live`` hears each decode step's tokens (the text of a stream)
         and ends generation when its client leaves."""
+        return self._admitted(body, lambda: self._reply(body, live))
+
+    def complete(self, body: CompletionBody, live: Live | None = None) -> Reply:
+        """Answer one text completions request: its prompt as it is, no chat template and no harness, under the
+        served name's adapter (otherwise as ``reply``)."""
+
+        def raw(slot: Slot) -> tuple[ChatRequest, View]:
+            request = ChatRequest(
+                messages=[],
+                prompt=body.text,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=body.top_p or 1.0,
+                max_new_tokens=body.max_new or TEXT_MAX_TOKENS,
+                seed=body.seed or 0,
+            )
+            return request, View(None, None, [], False)
+
+        return self._admitted(body, lambda: self._call(body.model, body, raw, live=live))
+
+    def _admitted(self, body: SamplingBody, answer: Callable[[], Reply]) -> Reply:
+        """``answer()`` for a request within the limits: a completion shorter than the context, a place to wait."""
         if self.context and body.max_new and body.max_new >= self.context:
             raise WireError(
                 f"max_tokens: {body.max_new} is not below the model's context of {self.context} tokens",
@@ -215,9 +265,13 @@ class Fleet:
             )
         if not self._waiting.acquire(blocking=False):
             raise WireError(f"{self.max_waiting} requests are waiting; retry shortly", status=429, retry_after=1)
+        with self._count:
+            self.in_flight += 1
         try:
-            return self._reply(body, live)
+            return answer()
         finally:
+            with self._count:
+                self.in_flight -= 1
             self._waiting.release()
 
     def live(self, body: ChatBody, loop: Any = None) -> Live:
@@ -295,7 +349,7 @@ class Fleet:
     def _call(
         self,
         name: str,
-        body: ChatBody,
+        body: SamplingBody,
         make: Callable[[Slot], tuple[ChatRequest, View]] | None = None,
         history: list[Message] | None = None,
         system: str | None = None,
@@ -333,16 +387,15 @@ class Fleet:
             served=slot.name,
         )
 
-    def _fitted(self, request: ChatRequest, body: ChatBody) -> ChatRequest:
+    def _fitted(self, request: ChatRequest, body: SamplingBody) -> ChatRequest:
         """The request within the model's context: a completion limit the client set must fit after the prompt
         (else 400, as vLLM answers); the server's own default is cut to what fits."""
         if not self.context:
             return request
         room = self.context - self.policy.prompt_tokens(request)
         if room <= 0:
-            raise WireError(
-                f"messages: the prompt fills the model's context of {self.context} tokens", param="messages"
-            )
+            where = "prompt" if request.prompt is not None else "messages"
+            raise WireError(f"{where}: the prompt fills the model's context of {self.context} tokens", param=where)
         if request.max_new_tokens <= room:
             return request
         if body.max_new:

@@ -30,6 +30,7 @@ class Live:
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
         self.model = ""  # the answering adapter, set when its call is made
         self.sent = ""  # the text that left so far
+        self.first_token: float | None = None  # when the first token was generated (time.monotonic)
         self._ids: list[int] = []
         self._text_only = False
 
@@ -39,6 +40,8 @@ class Live:
 
     def take(self, ids: list[int]) -> bool:
         """A decode step's new tokens; whether generation goes on."""
+        if self.first_token is None:
+            self.first_token = time.monotonic()
         if self.cancelled.is_set():
             return False
         if not self._text_only:

@@ -47,52 +47,38 @@ NEUTRAL = {
 }  # values that change nothing
 
 
-class ChatBody(BaseModel):
-    """A chat-completions request body."""
+class SamplingBody(BaseModel):
+    """What the chat and the text completions requests share: the model, the decoding knobs, streaming."""
 
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, gt=0)
-    max_completion_tokens: int | None = Field(default=None, gt=0)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
     n: int = 1
-    logprobs: bool | None = None
-    response_format: dict[str, Any] | None = None
-    top_k: int | None = None  # vLLM's sampling extras: refused unless neutral (see _supported)
+    top_k: int | None = None  # vLLM's sampling extras: refused unless neutral (see NEUTRAL)
     min_p: float | None = None
     repetition_penalty: float | None = None
 
     @model_validator(mode="after")
-    def _supported(self) -> ChatBody:
+    def _one_choice_as_sampled(self) -> SamplingBody:
         """Refuse what the server would otherwise silently ignore."""
         if self.n != 1:
             raise ValueError("n: one choice per request is served; send n=1 (or several requests)")
-        if self.logprobs:
-            raise ValueError("logprobs: not served; leave it unset")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format: only 'text' is served; for a tool call use tool_choice: required")
         for name, neutral in NEUTRAL.items():
             if getattr(self, name) not in neutral:
                 raise ValueError(f"{name}: not served; leave it unset (or {neutral[-1]})")
-        if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
-            raise ValueError(f"tool_choice: {self.tool_choice!r} is not none, auto, required or a named function")
         return self
 
     @property
     def max_new(self) -> int | None:
         """The completion's token limit, if the request sets one."""
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens
 
     @property
     def stops(self) -> list[str]:
@@ -101,6 +87,40 @@ class ChatBody(BaseModel):
         if len(stops) > 4:
             raise WireError("stop: at most 4 sequences", param="stop")
         return stops
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a chunk of token counts (``stream_options.include_usage``)."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatBody(SamplingBody):
+    """A chat-completions request body."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    max_completion_tokens: int | None = Field(default=None, gt=0)
+    metadata: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ChatBody:
+        """Refuse what the server would otherwise silently ignore."""
+        if self.logprobs:
+            raise ValueError("logprobs: not served; leave it unset")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ValueError("response_format: only 'text' is served; for a tool call use tool_choice: required")
+        if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
+            raise ValueError(f"tool_choice: {self.tool_choice!r} is not none, auto, required or a named function")
+        return self
+
+    @property
+    def max_new(self) -> int | None:
+        """The completion's token limit, if the request sets one."""
+        return self.max_completion_tokens or self.max_tokens
 
     def forced_tool(self) -> str | None:
         """The function ``tool_choice`` names, if it names one."""
@@ -112,6 +132,35 @@ class ChatBody(BaseModel):
                 )
             return name
         return None
+
+
+class CompletionBody(SamplingBody):
+    """A text completions request body (``/v1/completions``): one prompt, generated from as it is, no chat
+    template and no harness."""
+
+    prompt: str | list[str]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionBody:
+        """Refuse what the server would otherwise silently ignore."""
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise ValueError("prompt: one prompt per request is served; send a string")
+        if self.logprobs is not None:
+            raise ValueError("logprobs: not served; leave it unset")
+        if self.suffix:
+            raise ValueError("suffix: not served; leave it unset")
+        if self.best_of not in (None, 1):
+            raise ValueError("best_of: one choice per request is served; leave it unset (or 1)")
+        return self
+
+    @property
+    def text(self) -> str:
+        """The prompt."""
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
 def conversation(raw: list[dict[str, Any]]) -> tuple[list[Message], str | None]:
@@ -225,6 +274,27 @@ class Reply:
         """One ``chat.completion.chunk`` of this reply (``usage`` null on each when the stream ends with it)."""
         choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        return {**out, "usage": None} if include_usage else out
+
+    def text_completion(self, echo: str = "") -> dict[str, Any]:
+        """The ``text_completion`` object of ``/v1/completions`` (``echo``: the prompt, before the text)."""
+        choice = {"index": 0, "text": echo + self.text, "logprobs": None, "finish_reason": self.finish_reason}
+        return {**self._head("text_completion"), "choices": [choice], "usage": self.usage()}
+
+    def text_chunks(self, include_usage: bool = False, sent: str = "") -> list[dict[str, Any]]:
+        """The streamed ``text_completion`` objects after ``sent``: the rest of the text in pieces, the finish
+        reason, and the usage when asked for."""
+        rest = self.text[len(sent) :] if self.text.startswith(sent) else ""
+        out = [self.text_chunk(piece, include_usage) for piece in _pieces(rest)]
+        out.append(self.text_chunk("", include_usage, self.finish_reason))
+        if include_usage:
+            out.append({**self._head("text_completion"), "choices": [], "usage": self.usage()})
+        return out
+
+    def text_chunk(self, text: str, include_usage: bool = False, finish: str | None = None) -> dict[str, Any]:
+        """One streamed ``text_completion`` object of this reply."""
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        out = {**self._head("text_completion"), "choices": [choice]}
         return {**out, "usage": None} if include_usage else out
 
     def _head(self, kind: str) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""The OpenAI surface beyond chat, on a bare tiny model: text completions, tokenize, metrics; every response read
+by the openai package's own types, streamed and not."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from autoevolve.fleet.serving.app import create_app
+from autoevolve.fleet.serving.startup import open_fleet
+from tests.fleet.serving.helpers import running
+
+
+@pytest.fixture(scope="module")
+def bare(tiny_model_dir):
+    """The tiny model alone, no registry; yields (base URL, served name, fleet)."""
+    from autoevolve.policy.local import LocalPolicy
+
+    fleet = open_fleet(None, LocalPolicy(str(tiny_model_dir), dtype="float32"), say=lambda _: None)
+    with running(create_app(fleet)) as url:
+        yield url, str(tiny_model_dir), fleet
+
+
+def _events(response: httpx.Response) -> list[dict]:
+    lines = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_a_text_completion_continues_the_prompt_as_it_is(bare) -> None:
+    from openai import OpenAI
+    from openai.types import Completion
+
+    url, name, fleet = bare
+    client = OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0)
+    ask = {"model": name, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    done = Completion.model_validate(httpx.post(f"{url}/v1/completions", json=ask).json(), strict=True)
+    assert (
+        done.object == "text_completion" and done.id.startswith("cmpl-") and done.choices[0].finish_reason == "length"
+    )
+    prompt_ids = fleet.tokens("Once upon a time", None, False, False)
+    assert done.usage.prompt_tokens == len(prompt_ids) and done.usage.completion_tokens == 8  # no chat template
+    echoed = client.completions.create(echo=True, **ask)
+    assert echoed.choices[0].text == "Once upon a time" + done.choices[0].text
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **ask))
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("cmpl-")
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 8
+    stopped = client.completions.create(**{**ask, "max_tokens": 40}, stop=[done.choices[0].text[3:6]])
+    assert stopped.choices[0].text == done.choices[0].text[:3] and stopped.choices[0].finish_reason == "stop"
+    for bad, param in [({"n": 2}, "n"), ({"logprobs": 2}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt")]:
+        refused = httpx.post(f"{url}/v1/completions", json={**ask, **bad})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+
+
+def test_tokenize_and_detokenize_as_vllm_answers_them(bare) -> None:
+    url, name, fleet = bare
+    said = httpx.post(f"{url}/tokenize", json={"model": name, "prompt": "Hello world", "add_special_tokens": False})
+    ids = fleet.policy.tokenizer("Hello world", add_special_tokens=False)["input_ids"]
+    assert said.json() == {"count": len(ids), "max_model_len": 4096, "tokens": ids, "token_strs": None}
+    chat = httpx.post(f"{url}/tokenize", json={"model": name, "messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > len(fleet.tokens("hi", None, False, False))  # the chat template's tokens around it
+    back = httpx.post(f"{url}/detokenize", json={"model": name, "tokens": ids})
+    assert back.json() == {"prompt": "Hello world"}
+    for route, body, param in [
+        ("/detokenize", {"model": name, "tokens": [10**9]}, "tokens"),
+        ("/tokenize", {"model": name}, "prompt"),
+        ("/tokenize", {"model": "nobody", "prompt": "x"}, "model"),
+    ]:
+        refused = httpx.post(f"{url}{route}", json=body)
+        assert refused.status_code in (400, 404) and refused.json()["error"]["param"] == param
+
+
+def test_metrics_count_requests_tokens_and_times_per_served_name(bare) -> None:
+    url, name, _ = bare
+    before = _metric(httpx.get(f"{url}/metrics").text, "autoevolve:generation_tokens_total", name)
+    ask = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0}
+    httpx.post(f"{url}/v1/chat/completions", json=ask)
+    httpx.post(f"{url}/v1/chat/completions", json={**ask, "stream": True})
+    httpx.post(f"{url}/v1/chat/completions", json={**ask, "model": "nobody"})
+    shown = httpx.get(f"{url}/metrics")
+    assert shown.headers["content-type"].startswith("text/plain")
+    text = shown.text
+    assert _metric(text, "autoevolve:generation_tokens_total", name) - before == 10
+    assert _metric(text, "autoevolve:request_success_total", name, 'finished_reason="length"') >= 2
+    assert _metric(text, "autoevolve:request_success_total", "nobody", 'finished_reason="error"') == 1
+    assert _metric(text, "autoevolve:time_to_first_token_seconds_count", name) >= 2
+    assert "autoevolve:num_requests 0.0" in text
+
+
+def test_every_response_reads_as_the_openai_packages_types(bare) -> None:
+    from openai.types import Model
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    url, name, _ = bare
+    ask = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    ChatCompletion.model_validate(httpx.post(f"{url}/v1/chat/completions", json=ask).json(), strict=True)
+    streamed = httpx.post(f"{url}/v1/chat/completions", json={**ask, "stream": True})
+    for chunk in _events(streamed):
+        ChatCompletionChunk.model_validate(chunk, strict=True)
+    for card in httpx.get(f"{url}/v1/models").json()["data"]:
+        Model.model_validate(card, strict=True)
+    Model.model_validate(httpx.get(f"{url}/v1/models/{name}").json(), strict=True)
+
+
+def _metric(text: str, metric: str, model: str, extra: str = "") -> float:
+    """The value of one sample of the exposition (0 when it is not there)."""
+    for line in text.splitlines():
+        if line.startswith(metric + "{") and f'model_name="{model}"' in line and extra in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
