@@ -390,9 +390,12 @@ class Fleet:
     def _fitted(self, request: ChatRequest, body: SamplingBody) -> ChatRequest:
         """The request within the model's context: a completion limit the client set must fit after the prompt
         (else 400, as vLLM answers); the server's own default is cut to what fits."""
+        prompt = self.policy.prompt_tokens(request)
+        if prompt == 0:
+            raise WireError("prompt: it is empty; send at least one token to continue", param="prompt")
         if not self.context:
             return request
-        room = self.context - self.policy.prompt_tokens(request)
+        room = self.context - prompt
         if room <= 0:
             where = "prompt" if request.prompt is not None else "messages"
             raise WireError(f"{where}: the prompt fills the model's context of {self.context} tokens", param=where)
