@@ -46,6 +46,8 @@ COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator"
 
 def lark(spec: CallConstraint) -> str:
     """The constraint as a grammar in llguidance's Lark dialect; ValueError when it offers no tool."""
+    if spec.json_value is not None:
+        return f"start: %json {json.dumps(spec.json_value | {'x-guidance': COMPACT})}\n"
     if not spec.tools:
         raise ValueError("decoding.constrain 'tool_call' needs tools to call, and this request offers none")
     functions = [t["function"] for t in spec.tools]
@@ -203,7 +205,8 @@ class Grammars:
             grammar = self._llg.LLMatcher.grammar_from_lark(lark(spec))
             is_error, problems = self._llg.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
             if is_error:
-                raise ValueError(f"tool-call grammar does not compile: {'; '.join(problems)}")
+                what = "JSON schema" if spec.json_value is not None else "tool-call grammar"
+                raise ValueError(f"the {what} does not compile: {'; '.join(problems)}")
             self._compiled[key] = grammar
         matcher = self._llg.LLMatcher(self.tokenizer, self._compiled[key], log_level=0)
         if matcher.is_error():

@@ -68,6 +68,11 @@ class LocalPolicy:
         """The model's context: prompt and completion tokens together."""
         return int(getattr(self.base.config, "max_position_embeddings", 0) or 0)
 
+    def check(self, request: ChatRequest) -> None:
+        """ValueError when a request's constraint does not compile (so a server can refuse it before it is batched)."""
+        if request.constrain is not None:
+            self._guides([request.constrain])
+
     def prompt_tokens(self, request: ChatRequest) -> int:
         """Tokens of a request's prompt under the chat template."""
         return len(self._encode_text(request))

@@ -44,12 +44,18 @@ def harnessed_call(
     offered = [] if body.tool_choice == "none" else list(body.tools or [])
     if forced and forced not in {t["function"]["name"] for t in offered}:
         raise WireError(f"tool_choice: {forced!r} is not one of the request's tools", param="tool_choice")
+    shaped = body.json_value()
+    if shaped is not None and (offered or routing):
+        raise WireError(
+            "response_format: a JSON reply is served without tools (and not through the router); send one of them",
+            param="response_format",
+        )
     seed = body.seed or 0
     if system is not None or hcp is None:
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [_wire(m) for m in history]
         tools = _only(offered, forced)
         parallel = body.parallel_tool_calls
-        constrain = _forced(tools, "json", parallel, body) if tools else None
+        constrain = _forced(tools, "json", parallel, body) if tools else _shaped(shaped)
         request = ChatRequest(
             messages=messages,
             tools=tools or None,
@@ -70,7 +76,7 @@ def harnessed_call(
     parallel = bool(task.metadata.get(PARALLEL_CALLS))
     constrain = _forced(tools, syntax, parallel, body) if tools else None
     request = _sampled(
-        config, body, messages, native, constrain=constrain or (constraint(config, task) if tools else None)
+        config, body, messages, native, constrain=constrain or (constraint(config, task) if tools else _shaped(shaped))
     )
     return request, View(config, task, tools, parallel)
 
@@ -88,6 +94,8 @@ def in_context(
     of the request, over the turn so far. The expert that answers continues those very tokens (it gets no
     change_model to call), from the keys and values the adapter ``reuse`` names when given. ``keep_kv``: calls
     keep what they computed for later ones (``switch: shared_kv``)."""
+    if body.json_value() is not None:
+        raise WireError("response_format: a JSON reply is not served through the router", param="response_format")
     offered = [] if body.tool_choice == "none" else list(body.tools or [])
     tools = [routing] + [_theirs(hcp, t) for t in offered]
     config = hcp.model_copy(update={"tools": tools})
@@ -129,6 +137,11 @@ def _theirs(hcp: HCPConfig, tool: dict[str, Any]) -> dict[str, Any]:
 
 def _only(tools: list[dict[str, Any]], forced: str | None) -> list[dict[str, Any]]:
     return [t for t in tools if t["function"]["name"] == forced] if forced else tools
+
+
+def _shaped(schema: dict[str, Any] | None) -> CallConstraint | None:
+    """The grammar of a reply that is one JSON value of ``schema`` (``response_format``)."""
+    return None if schema is None else CallConstraint(tools=[], syntax="json", json_value=schema)
 
 
 def _forced(tools: list[dict[str, Any]], syntax: str, parallel: bool, body: ChatBody) -> CallConstraint | None:

@@ -390,6 +390,11 @@ class Fleet:
     def _fitted(self, request: ChatRequest, body: SamplingBody) -> ChatRequest:
         """The request within the model's context: a completion limit the client set must fit after the prompt
         (else 400, as vLLM answers); the server's own default is cut to what fits."""
+        if request.constrain is not None and request.constrain.json_value is not None:
+            try:
+                self.policy.check(request)
+            except ValueError as exc:
+                raise WireError(f"response_format: {exc}", param="response_format") from None
         prompt = self.policy.prompt_tokens(request)
         if prompt == 0:
             raise WireError("prompt: it is empty; send at least one token to continue", param="prompt")

@@ -3,7 +3,8 @@
 Requests follow the chat-completions reference: ``messages`` (system/developer, user, assistant with
 ``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
 ``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``. Fields
-the server cannot honour (``n`` > 1, ``logprobs``, ``response_format`` other than text, and vLLM's ``top_k``,
+the server cannot honour (``n`` > 1, ``logprobs``, a ``response_format`` that is not text, json_object or
+json_schema, and vLLM's ``top_k``,
 ``min_p`` and ``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the
 field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
 ``metadata`` (a string map in the reference) fills the harness's memory template (e.g. ``today``, ``user``).
@@ -111,8 +112,7 @@ class ChatBody(SamplingBody):
         """Refuse what the server would otherwise silently ignore."""
         if self.logprobs:
             raise ValueError("logprobs: not served; leave it unset")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ValueError("response_format: only 'text' is served; for a tool call use tool_choice: required")
+        self.json_value()  # a response_format the server cannot enforce is refused here
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice: {self.tool_choice!r} is not none, auto, required or a named function")
         return self
@@ -121,6 +121,21 @@ class ChatBody(SamplingBody):
     def max_new(self) -> int | None:
         """The completion's token limit, if the request sets one."""
         return self.max_completion_tokens or self.max_tokens
+
+    def json_value(self) -> dict[str, Any] | None:
+        """The JSON schema ``response_format`` holds the reply to (``json_object``: any object); None for text."""
+        shape = self.response_format or {}
+        kind = shape.get("type", "text")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return {"type": "object"}
+        schema = (shape.get("json_schema") or {}).get("schema") if kind == "json_schema" else None
+        if not isinstance(schema, dict):
+            raise ValueError(
+                "response_format: text, json_object, or json_schema with json_schema.schema (an object) is served"
+            )
+        return schema
 
     def forced_tool(self) -> str | None:
         """The function ``tool_choice`` names, if it names one."""

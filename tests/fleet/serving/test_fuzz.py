@@ -45,6 +45,10 @@ TOOL = st.fixed_dictionaries(
         {"name": st.text(min_size=1, max_size=8), "parameters": JSON | st.just({"type": "object", "properties": {}})}
     )},
 )  # fmt: skip
+FORMAT = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])},
+    optional={"json_schema": st.fixed_dictionaries({}, optional={"name": JSON, "schema": JSON})},
+)
 LIMIT = st.sampled_from([-1, 0, 1, 3, 10**13, "8", 1.5, True, [], {}])  # never a long generation
 CHAT = st.fixed_dictionaries(
     {"messages": st.lists(MESSAGE, max_size=4) | JSON, "max_tokens": LIMIT},
@@ -60,7 +64,7 @@ CHAT = st.fixed_dictionaries(
         "metadata": JSON,
         "n": JSON,
         "logprobs": JSON,
-        "response_format": JSON,
+        "response_format": JSON | FORMAT,
         "parallel_tool_calls": JSON,
         "max_completion_tokens": LIMIT,
         "top_k": JSON,

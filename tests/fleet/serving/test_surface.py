@@ -105,6 +105,32 @@ def test_every_response_reads_as_the_openai_packages_types(bare) -> None:
     Model.model_validate(httpx.get(f"{url}/v1/models/{name}").json(), strict=True)
 
 
+def test_response_format_holds_the_reply_to_its_json_schema(bare) -> None:
+    url, name, _ = bare
+    size = {"type": "object", "properties": {"size": {"enum": ["small", "large"]}}, "required": ["size"]}
+    size["additionalProperties"] = False
+    ask = {"model": name, "messages": [{"role": "user", "content": "Which car?"}], "max_tokens": 40, "seed": 1}
+    shaped = {"type": "json_schema", "json_schema": {"name": "car", "schema": size}}
+    for stream in (False, True):
+        answer = httpx.post(f"{url}/v1/chat/completions", json={**ask, "response_format": shaped, "stream": stream})
+        if stream:
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in _events(answer) if c["choices"])
+        else:
+            text = answer.json()["choices"][0]["message"]["content"]
+        assert json.loads(text)["size"] in ("small", "large")  # a random model, held to the schema
+    free = httpx.post(f"{url}/v1/chat/completions", json=ask).json()["choices"][0]["message"]["content"]
+    with pytest.raises(ValueError):
+        json.loads(free)  # without it, the same model writes no JSON
+    for bad, said in [
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "json_schema with json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}, "JSON schema does not compile"),
+        ({"type": "yaml"}, "text, json_object, or json_schema"),
+    ]:
+        refused = httpx.post(f"{url}/v1/chat/completions", json={**ask, "response_format": bad})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
+        assert said in refused.json()["error"]["message"]
+
+
 def _metric(text: str, metric: str, model: str, extra: str = "") -> float:
     """The value of one sample of the exposition (0 when it is not there)."""
     for line in text.splitlines():

@@ -20,7 +20,7 @@ USER = [{"role": "user", "content": "hi"}]
     [
         ({"n": 2}, "n: one choice per request is served"),
         ({"logprobs": True}, "logprobs: not served"),
-        ({"response_format": {"type": "json_schema"}}, "response_format: only 'text' is served"),
+        ({"response_format": {"type": "json_schema"}}, "response_format: text, json_object, or json_schema with"),
         ({"tool_choice": "maybe"}, "tool_choice: 'maybe' is not none, auto, required or a named function"),
         ({"temperature": 3}, "less than or equal to 2"),
         ({"top_k": 40}, "top_k: not served; leave it unset \\(or -1\\)"),
