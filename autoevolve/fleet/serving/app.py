@@ -37,7 +37,16 @@ from autoevolve.fleet.serving.fleet import Fleet
 from autoevolve.fleet.serving.live import Live
 from autoevolve.fleet.serving.metrics import CONTENT_TYPE, Metrics
 from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
-from autoevolve.fleet.serving.wire import MAX_MESSAGES, ChatBody, CompletionBody, Reply, SamplingBody, WireError, event
+from autoevolve.fleet.serving.wire import (
+    MAX_MESSAGES,
+    ChatBody,
+    CompletionBody,
+    Reply,
+    SamplingBody,
+    WireError,
+    event,
+    whole,
+)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a request body larger than this is refused (413) unread
 CHECK_GONE_S = 0.25  # how often a request that is not streamed checks that its client is still there
@@ -214,20 +223,27 @@ async def _answer(request: Request, fleet: Fleet, metrics: Metrics, kind: type[S
     except WireError as exc:
         return _error(exc)
     text = isinstance(body, CompletionBody)
-    live = fleet.live(body, asyncio.get_running_loop())
+    lives = [fleet.live(body, asyncio.get_running_loop()) for _ in range(body.n)]  # n choices: n requests
+    live = lives[0]
     if text:
         live.id = "cmpl-" + live.id.removeprefix("chatcmpl-")
-    answer = asyncio.ensure_future(asyncio.to_thread(fleet.complete if text else fleet.reply, body, live))
-    count = functools.partial(_count, metrics, body.model, live, started)
+    run = fleet.complete if text else fleet.reply
+    answers = [
+        asyncio.ensure_future(asyncio.to_thread(run, body.model_copy(update={"seed": (body.seed or 0) + i}), each))
+        for i, each in enumerate(lives)
+    ]  # each choice its own seed; they wait together, so they are batched together
+    answer, count = answers[0], functools.partial(_count, metrics, body.model, live, started)
     if not body.stream:
         try:
-            reply = await _unless_gone(request, answer, live)
+            replies = [await _unless_gone(request, a, each) for a, each in zip(answers, lives, strict=True)]
         except WireError as exc:
+            for each in lives:
+                each.cancelled.set()
             count(None)
             return _error(exc)
-        count(reply)
-        reply.id = live.id
-        return JSONResponse(reply.text_completion(body.text if body.echo else "") if text else reply.completion())
+        count(replies[0], sum(r.completion_tokens for r in replies))
+        replies[0].id = live.id
+        return JSONResponse(whole(replies, text, body.text if text and body.echo else ""))
     first = asyncio.ensure_future(live.pieces.get())
     await asyncio.wait({first, answer}, return_when=asyncio.FIRST_COMPLETED)
     if not first.done() and isinstance(answer.exception(), WireError):  # refused before a token left: its status
@@ -238,10 +254,13 @@ async def _answer(request: Request, fleet: Fleet, metrics: Metrics, kind: type[S
     return StreamingResponse(_stream(body, live, answer, first, shape, count), media_type="text/event-stream")
 
 
-def _count(metrics: Metrics, model: str, live: Live, started: float, reply: Reply | None) -> None:
-    """A request ended: how (``error`` when refused or failed, ``abort`` when its client left), its tokens, times."""
+def _count(
+    metrics: Metrics, model: str, live: Live, started: float, reply: Reply | None, generated: int | None = None
+) -> None:
+    """A request ended: how (``error`` when refused or failed, ``abort`` when its client left), its tokens (all its
+    choices' ``generated``), times."""
     reason = "error" if reply is None else ("abort" if live.cancelled.is_set() else reply.finish_reason)
-    tokens = (reply.prompt_tokens, reply.completion_tokens) if reply else (0, 0)
+    tokens = (reply.prompt_tokens, reply.completion_tokens if generated is None else generated) if reply else (0, 0)
     metrics.finished(model, reason, started, live.first_token, *tokens)
 
 

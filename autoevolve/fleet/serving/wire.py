@@ -2,8 +2,9 @@
 
 Requests follow the chat-completions reference: ``messages`` (system/developer, user, assistant with
 ``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
-``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``. Fields
-the server cannot honour (``n`` > 1, ``logprobs``, a ``response_format`` that is not text, json_object or
+``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``, ``n``
+(up to ``MAX_CHOICES``, not streamed). Fields
+the server cannot honour (``logprobs``, a ``response_format`` that is not text, json_object or
 json_schema, and vLLM's ``top_k``,
 ``min_p`` and ``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the
 field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
@@ -41,6 +42,7 @@ class WireError(ValueError):
 
 MAX_MESSAGES = 1024  # messages in one request
 MAX_TOOLS = 128  # tools offered in one request (OpenAI's own limit)
+MAX_CHOICES = 16  # n: choices of one request (each generated as a request of its own, batched together)
 NEUTRAL = {
     "top_k": (None, 0, -1),
     "min_p": (None, 0.0),
@@ -69,8 +71,10 @@ class SamplingBody(BaseModel):
     @model_validator(mode="after")
     def _one_choice_as_sampled(self) -> SamplingBody:
         """Refuse what the server would otherwise silently ignore."""
-        if self.n != 1:
-            raise ValueError("n: one choice per request is served; send n=1 (or several requests)")
+        if not 1 <= self.n <= MAX_CHOICES:
+            raise ValueError(f"n: 1 to {MAX_CHOICES} choices per request are served")
+        if self.n > 1 and self.stream:
+            raise ValueError("n: several choices are served without stream; send n=1 to stream")
         for name, neutral in NEUTRAL.items():
             if getattr(self, name) not in neutral:
                 raise ValueError(f"{name}: not served; leave it unset (or {neutral[-1]})")
@@ -324,6 +328,16 @@ def _pieces(text: str) -> list[str]:
             pieces.append(text[start:i])
             start = i
     return [*pieces, text[start:]] if text else []
+
+
+def whole(replies: list[Reply], text: bool = False, echo: str = "") -> dict[str, Any]:
+    """The response body of one or more choices (``n``): a ``chat.completion`` (``text``: a ``text_completion``,
+    each choice's text after ``echo``), the choices indexed in order, usage summed with the prompt counted once."""
+    bodies = [r.text_completion(echo) if text else r.completion() for r in replies]
+    out = bodies[0] | {"choices": [{**b["choices"][0], "index": i} for i, b in enumerate(bodies)]}
+    prompt, generated = replies[0].prompt_tokens, sum(r.completion_tokens for r in replies)
+    out["usage"] = {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    return out
 
 
 def event(chunk: dict[str, Any]) -> str:

@@ -42,6 +42,8 @@ def test_a_text_completion_continues_the_prompt_as_it_is(bare) -> None:
     )
     prompt_ids = fleet.tokens("Once upon a time", None, False, False)
     assert done.usage.prompt_tokens == len(prompt_ids) and done.usage.completion_tokens == 8  # no chat template
+    two = client.completions.create(**{**ask, "temperature": 1.0}, n=2, seed=3)
+    assert [c.index for c in two.choices] == [0, 1] and two.usage.completion_tokens == 16
     echoed = client.completions.create(echo=True, **ask)
     assert echoed.choices[0].text == "Once upon a time" + done.choices[0].text
     chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **ask))
@@ -50,7 +52,7 @@ def test_a_text_completion_continues_the_prompt_as_it_is(bare) -> None:
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 8
     stopped = client.completions.create(**{**ask, "max_tokens": 40}, stop=[done.choices[0].text[3:6]])
     assert stopped.choices[0].text == done.choices[0].text[:3] and stopped.choices[0].finish_reason == "stop"
-    for bad, param in [({"n": 2}, "n"), ({"logprobs": 2}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt")]:
+    for bad, param in [({"n": 17}, "n"), ({"logprobs": 2}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt")]:
         refused = httpx.post(f"{url}/v1/completions", json={**ask, **bad})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param
 

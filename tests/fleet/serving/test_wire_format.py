@@ -18,7 +18,8 @@ USER = [{"role": "user", "content": "hi"}]
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"n": 2}, "n: one choice per request is served"),
+        ({"n": 17}, "n: 1 to 16 choices per request are served"),
+        ({"n": 2, "stream": True}, "n: several choices are served without stream"),
         ({"logprobs": True}, "logprobs: not served"),
         ({"response_format": {"type": "json_schema"}}, "response_format: text, json_object, or json_schema with"),
         ({"tool_choice": "maybe"}, "tool_choice: 'maybe' is not none, auto, required or a named function"),
