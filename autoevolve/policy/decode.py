@@ -39,6 +39,7 @@ ADAPTERS_KEPT = 4  # adapters whose stacked LoRA factors are kept
 
 OWN = object()  # Decoder.generate's kv_adapter default: the keys and values of the adapter that generates
 Listener = Callable[[list[int]], bool]  # a row's new tokens as generated; False ends the row
+Scored = tuple[int, float, list[tuple[int, float]]]  # a generated token, its log-probability, the top alternatives
 Layers = list[dict[str, Projection]]  # per layer: the projection groups (see autoevolve.policy.weights)
 STORE_BYTES = 1 << 30  # keys and values kept for later calls (about 45k tokens of SmolLM2-135M in bf16)
 
@@ -137,6 +138,8 @@ class Decoder:
         guides: list[Any] | None = None,
         kv_adapter: Any = OWN,
         listeners: list[Listener | None] | None = None,
+        scores: list[list[Scored]] | None = None,
+        top: int = 0,
     ) -> list[list[int]]:
         """New tokens for each prompt, up to ``max_new``, without the stop token that ended it.
 
@@ -149,6 +152,8 @@ class Decoder:
         computed so is stored).
         ``listeners``: per row, called with each step's new tokens as they are generated (a stream's); a row whose
         listener returns False ends there (its client left, or its stop sequence came).
+        ``scores`` (an empty list per row): filled with each generated token's log-probability under the model (its
+        raw logits, before temperature and grammar) and the ``top`` likeliest tokens' (guessing off).
         """
         self.stats.calls += 1
         self.stats.rows += len(rows)
@@ -172,19 +177,24 @@ class Decoder:
         started = time.perf_counter()
         generator = torch.Generator().manual_seed(seed)
         guides = guides if guides and any(guides) else None
-        drafts = _Guesses([rows[i] for i in order]) if temperature <= 0 and guides is None else None
+        guessing = temperature <= 0 and guides is None and scores is None
+        drafts = _Guesses([rows[i] for i in order]) if guessing else None
         out: list[list[int]] = [[] for _ in rows]
         active = order  # row of each live slot
         lengths = torch.tensor([len(rows[i]) for i in order])
         fed = torch.zeros(len(order), dtype=torch.long)  # generated tokens whose keys and values are in the cache
+        raw = _log_softmax(logits, scores)
         new = [[t] for t in _pick(_masked(logits, order, guides), temperature, top_p, generator).tolist()]
         while True:
             keep = []
+            pending = _scored(raw, new, top) if scores is not None else None
             for slot, (i, tokens) in enumerate(zip(active, new, strict=True)):
                 if guides is not None and guides[i] is not None:
                     guides[i].take(tokens)
                 before = len(out[i])
                 goes_on = self._append(out[i], tokens, max_new)
+                if pending is not None and len(out[i]) > before:
+                    scores[i].append(pending[slot])
                 if listeners is not None and listeners[i] is not None and len(out[i]) > before:
                     goes_on = listeners[i](out[i][before:]) and goes_on
                 if goes_on:
@@ -207,8 +217,9 @@ class Decoder:
             hidden = self._decode(weights, ids, lengths + fed, prefix, cache, fed)
             self.stats.decode_steps += 1
             if width == 1:
-                logits = _masked(self._logits(hidden[:, 0]), active, guides)
-                new = [[t] for t in _pick(logits, temperature, top_p, generator).tolist()]
+                logits = self._logits(hidden[:, 0])
+                raw = _log_softmax(logits, scores)
+                new = [[t] for t in _pick(_masked(logits, active, guides), temperature, top_p, generator).tolist()]
                 fed += 1
                 continue
             best = self._logits(hidden).argmax(dim=-1).tolist()  # greedy: a guess stands while it is the argmax
@@ -527,6 +538,21 @@ class _Guesses:
         for n in NGRAMS:
             if at >= n:
                 index[n][tuple(context[at - n : at])] = at
+
+
+def _log_softmax(logits: torch.Tensor, scores: list | None) -> torch.Tensor | None:
+    """Log-probabilities of raw logits, when scores are asked for (before a grammar masks the logits in place)."""
+    return torch.log_softmax(logits, dim=-1) if scores is not None else None
+
+
+def _scored(raw: torch.Tensor, new: list[list[int]], top: int) -> list[Scored]:
+    """Each live slot's picked token with its log-probability, and the ``top`` likeliest tokens with theirs."""
+    best = raw.topk(top, dim=-1) if top else None
+    out = []
+    for slot, (token,) in enumerate(new):
+        alternatives = list(zip(best.indices[slot].tolist(), best.values[slot].tolist(), strict=True)) if best else []
+        out.append((token, float(raw[slot, token]), alternatives))
+    return out
 
 
 def _masked(logits: torch.Tensor, rows: list[int], guides: list[Any] | None) -> torch.Tensor:

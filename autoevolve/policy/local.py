@@ -88,9 +88,9 @@ class LocalPolicy:
         texts = [self._template(r) for r in requests]
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            groups[(r.temperature, r.top_p, r.max_new_tokens, r.cache_key, r.reuse_kv_of)].append(i)
+            groups[(r.temperature, r.top_p, r.max_new_tokens, r.cache_key, r.reuse_kv_of, r.logprobs)].append(i)
         out: list[Completion | None] = [None] * len(requests)
-        for (temperature, top_p, max_new, cache_key, reuse), idx in groups.items():
+        for (temperature, top_p, max_new, cache_key, reuse, logprobs), idx in groups.items():
             # Sorting by text puts prompts that share demos side by side, so each batch shares a longer prefix.
             idx.sort(key=lambda i: texts[i])
             for start in range(0, len(idx), self.batch_size):
@@ -100,7 +100,7 @@ class LocalPolicy:
                 constraints = [requests[i].constrain for i in chunk]
                 heard = [listeners[i] for i in chunk] if listeners else None
                 results = self._batch(
-                    batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints, reuse, heard
+                    batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints, reuse, heard, logprobs
                 )
                 for i, result in zip(chunk, results, strict=True):
                     out[i] = result
@@ -129,9 +129,11 @@ class LocalPolicy:
         constraints: list[CallConstraint | None] | None = None,
         reuse_kv_of: str | None = None,
         listeners: list[Listener | None] | None = None,
+        logprobs: int | None = None,
     ) -> list[Completion]:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
+        scores: list[list[Any]] | None = [[] for _ in texts] if logprobs is not None else None
         try:
             ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             guides = self._guides(constraints or [])
@@ -154,8 +156,12 @@ class LocalPolicy:
                         guides=guides,
                         kv_adapter=OWN if reuse_kv_of is None else (reuse_kv_of or None),
                         listeners=listeners,
+                        scores=scores,
+                        top=logprobs or 0,
                     )
                 else:
+                    if scores is not None:
+                        raise ValueError("log-probabilities are computed by the decoder only (Llama-shaped models)")
                     if guides:
                         from transformers import LogitsProcessorList
 
@@ -171,7 +177,12 @@ class LocalPolicy:
         for row, prompt in zip(new, ids, strict=True):
             n = next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            results.append(Completion(text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed))
+            scored = scores[len(results)][:n] if scores is not None else None
+            results.append(
+                Completion(
+                    text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed, logprobs=scored
+                )
+            )
         return results
 
     def _guides(self, constraints: list[CallConstraint | None]) -> list[Any] | None:

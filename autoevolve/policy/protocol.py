@@ -43,6 +43,13 @@ class ChatRequest(BaseModel):
         description="Requests with the same key may start from prompt tokens an earlier request with that key "
         "computed (a local policy's KV store); never sent to a server. The rollout engine keys each batch of episodes.",
     )
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description="Return each generated token's log-probability and this many likeliest alternatives' (0: the "
+        "token's only). Local policies only.",
+    )
     prompt: str | None = Field(
         default=None,
         description="A raw prompt, generated from as it is, without the chat template (``/v1/completions``); "
@@ -67,6 +74,9 @@ class Completion(BaseModel):
     completion_tokens: int = 0
     latency_s: float = 0.0
     error: str = ""
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = Field(
+        default=None, description="Per generated token: its id, its log-probability, the top alternatives' (id, lp)."
+    )
 
 
 class Policy(Protocol):

@@ -64,6 +64,7 @@ def harnessed_call(
             max_new_tokens=body.max_new or RAW_MAX_TOKENS,
             seed=seed,
             constrain=constrain,
+            logprobs=body.scores(),
         )
         return request, View(None, None, tools, parallel)
     if routing:  # the entry expert: change_model, and of the request's tools those its harness was trained with
@@ -115,6 +116,7 @@ def _sampled(config: HCPConfig, body: ChatBody, messages: list, native: Any, **e
         top_p=s.top_p if body.top_p is None else body.top_p,
         max_new_tokens=body.max_new or s.max_new_tokens,
         seed=body.seed or 0,
+        logprobs=body.scores(),
         **extra,
     )
 

@@ -251,6 +251,7 @@ class Fleet:
                 top_p=body.top_p or 1.0,
                 max_new_tokens=body.max_new or TEXT_MAX_TOKENS,
                 seed=body.seed or 0,
+                logprobs=body.scores(),
             )
             return request, View(None, None, [], False)
 
@@ -385,7 +386,20 @@ class Fleet:
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
             served=slot.name,
+            logprobs=self._scored(completion.logprobs),
         )
+
+    def _scored(self, scored: list[tuple[int, float, list[tuple[int, float]]]] | None) -> list[dict] | None:
+        """Generated tokens' log-probabilities in the chat reference's shape (each token as text and bytes)."""
+        if scored is None:
+            return None
+        decode = self.policy.tokenizer.decode
+
+        def entry(token: int, logprob: float) -> dict[str, Any]:
+            text = decode([token])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top]} for t, lp, top in scored]
 
     def _fitted(self, request: ChatRequest, body: SamplingBody) -> ChatRequest:
         """The request within the model's context: a completion limit the client set must fit after the prompt
@@ -395,6 +409,8 @@ class Fleet:
                 self.policy.check(request)
             except ValueError as exc:
                 raise WireError(f"response_format: {exc}", param="response_format") from None
+        if request.logprobs is not None and getattr(self.policy, "decoder", None) is None:
+            raise WireError("logprobs: computed for Llama-shaped models only", param="logprobs")
         prompt = self.policy.prompt_tokens(request)
         if prompt == 0:
             raise WireError("prompt: it is empty; send at least one token to continue", param="prompt")

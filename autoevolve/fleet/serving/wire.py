@@ -4,7 +4,7 @@ Requests follow the chat-completions reference: ``messages`` (system/developer, 
 ``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
 ``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``, ``n``
 (up to ``MAX_CHOICES``, not streamed). Fields
-the server cannot honour (``logprobs``, a ``response_format`` that is not text, json_object or
+the server cannot honour (``logprobs`` with ``stream``, a ``response_format`` that is not text, json_object or
 json_schema, and vLLM's ``top_k``,
 ``min_p`` and ``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the
 field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
@@ -93,6 +93,10 @@ class SamplingBody(BaseModel):
             raise WireError("stop: at most 4 sequences", param="stop")
         return stops
 
+    def scores(self) -> int | None:
+        """How many alternatives each generated token's log-probability comes with (None: no log-probabilities)."""
+        return None
+
     @property
     def include_usage(self) -> bool:
         """Whether a stream ends with a chunk of token counts (``stream_options.include_usage``)."""
@@ -109,13 +113,16 @@ class ChatBody(SamplingBody):
     max_completion_tokens: int | None = Field(default=None, gt=0)
     metadata: dict[str, Any] | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _supported(self) -> ChatBody:
         """Refuse what the server would otherwise silently ignore."""
-        if self.logprobs:
-            raise ValueError("logprobs: not served; leave it unset")
+        if self.logprobs and self.stream:
+            raise ValueError("logprobs: served without stream; send stream: false for log-probabilities")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs: true")
         self.json_value()  # a response_format the server cannot enforce is refused here
         if isinstance(self.tool_choice, str) and self.tool_choice not in ("none", "auto", "required"):
             raise ValueError(f"tool_choice: {self.tool_choice!r} is not none, auto, required or a named function")
@@ -125,6 +132,9 @@ class ChatBody(SamplingBody):
     def max_new(self) -> int | None:
         """The completion's token limit, if the request sets one."""
         return self.max_completion_tokens or self.max_tokens
+
+    def scores(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def json_value(self) -> dict[str, Any] | None:
         """The JSON schema ``response_format`` holds the reply to (``json_object``: any object); None for text."""
@@ -159,7 +169,7 @@ class CompletionBody(SamplingBody):
 
     prompt: str | list[str]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
     suffix: str | None = None
     best_of: int | None = None
 
@@ -168,13 +178,16 @@ class CompletionBody(SamplingBody):
         """Refuse what the server would otherwise silently ignore."""
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise ValueError("prompt: one prompt per request is served; send a string")
-        if self.logprobs is not None:
-            raise ValueError("logprobs: not served; leave it unset")
+        if self.logprobs is not None and self.stream:
+            raise ValueError("logprobs: served without stream; send stream: false for log-probabilities")
         if self.suffix:
             raise ValueError("suffix: not served; leave it unset")
         if self.best_of not in (None, 1):
             raise ValueError("best_of: one choice per request is served; leave it unset (or 1)")
         return self
+
+    def scores(self) -> int | None:
+        return self.logprobs
 
     @property
     def text(self) -> str:
@@ -251,6 +264,7 @@ class Reply:
     completion_tokens: int = 0
     routing: list[Message] = field(default_factory=list)
     served: str = ""  # the served name that wrote it: where the results of its tool calls go
+    logprobs: list[dict[str, Any]] | None = None  # per generated token, in the chat reference's shape
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -268,7 +282,8 @@ class Reply:
 
     def completion(self) -> dict[str, Any]:
         """The ``chat.completion`` object."""
-        choice = {"index": 0, "message": self.message(), "finish_reason": self.finish_reason, "logprobs": None}
+        scored = None if self.logprobs is None else {"content": self.logprobs, "refusal": None}
+        choice = {"index": 0, "message": self.message(), "finish_reason": self.finish_reason, "logprobs": scored}
         return {**self._head("chat.completion"), "choices": [choice], "usage": self.usage()}
 
     def chunks(self, include_usage: bool = False, sent: str | None = None) -> list[dict[str, Any]]:
@@ -298,6 +313,17 @@ class Reply:
     def text_completion(self, echo: str = "") -> dict[str, Any]:
         """The ``text_completion`` object of ``/v1/completions`` (``echo``: the prompt, before the text)."""
         choice = {"index": 0, "text": echo + self.text, "logprobs": None, "finish_reason": self.finish_reason}
+        if self.logprobs is not None:  # the legacy shape: parallel lists, each token's offset in the choice's text
+            offsets, at = [], len(echo)
+            for entry in self.logprobs:
+                offsets.append(at)
+                at += len(entry["token"])
+            choice["logprobs"] = {
+                "tokens": [e["token"] for e in self.logprobs],
+                "token_logprobs": [e["logprob"] for e in self.logprobs],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in self.logprobs],
+                "text_offset": offsets,
+            }
         return {**self._head("text_completion"), "choices": [choice], "usage": self.usage()}
 
     def text_chunks(self, include_usage: bool = False, sent: str = "") -> list[dict[str, Any]]:

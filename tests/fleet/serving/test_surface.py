@@ -52,7 +52,11 @@ def test_a_text_completion_continues_the_prompt_as_it_is(bare) -> None:
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 8
     stopped = client.completions.create(**{**ask, "max_tokens": 40}, stop=[done.choices[0].text[3:6]])
     assert stopped.choices[0].text == done.choices[0].text[:3] and stopped.choices[0].finish_reason == "stop"
-    for bad, param in [({"n": 17}, "n"), ({"logprobs": 2}, "logprobs"), ({"prompt": ["a", "b"]}, "prompt")]:
+    for bad, param in [
+        ({"n": 17}, "n"),
+        ({"logprobs": 2, "stream": True}, "logprobs"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+    ]:
         refused = httpx.post(f"{url}/v1/completions", json={**ask, **bad})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param
 
@@ -131,6 +135,33 @@ def test_response_format_holds_the_reply_to_its_json_schema(bare) -> None:
         refused = httpx.post(f"{url}/v1/chat/completions", json={**ask, "response_format": bad})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
         assert said in refused.json()["error"]["message"]
+
+
+def test_log_probabilities_of_each_generated_token_and_its_likeliest_alternatives(bare) -> None:
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    url, name, fleet = bare
+    hi = [{"role": "user", "content": "Tell me about tea."}]
+    ask = {"model": name, "messages": hi, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    chat = ChatCompletion.model_validate(httpx.post(f"{url}/v1/chat/completions", json=ask).json(), strict=True)
+    scored = chat.choices[0].logprobs.content
+    assert len(scored) == chat.usage.completion_tokens == 6
+    assert "".join(s.token for s in scored) == chat.choices[0].message.content
+    for s in scored:  # greedy: each token is the likeliest, and its log-probability is the top one's
+        assert len(s.top_logprobs) == 3 and s.token == s.top_logprobs[0].token and s.logprob <= 0
+        assert s.logprob == s.top_logprobs[0].logprob >= s.top_logprobs[1].logprob >= s.top_logprobs[2].logprob
+        assert bytes(s.bytes).decode() == s.token
+    plain = httpx.post(f"{url}/v1/chat/completions", json={**ask, "logprobs": False, "top_logprobs": None}).json()
+    assert plain["choices"][0]["logprobs"] is None and plain["choices"][0]["message"]["content"] == "".join(
+        s.token for s in scored
+    )  # the same reply with and without them
+    text = {"model": name, "prompt": "Tea is", "max_tokens": 5, "temperature": 0, "logprobs": 2, "echo": True}
+    done = Completion.model_validate(httpx.post(f"{url}/v1/completions", json=text).json(), strict=True)
+    legacy = done.choices[0].logprobs
+    assert len(legacy.tokens) == 5 and legacy.text_offset[0] == len("Tea is")
+    assert done.choices[0].text == "Tea is" + "".join(legacy.tokens)
+    assert all(len(top) == 2 for top in legacy.top_logprobs) and all(lp <= 0 for lp in legacy.token_logprobs)
 
 
 def _metric(text: str, metric: str, model: str, extra: str = "") -> float:

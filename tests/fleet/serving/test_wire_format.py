@@ -20,7 +20,8 @@ USER = [{"role": "user", "content": "hi"}]
     [
         ({"n": 17}, "n: 1 to 16 choices per request are served"),
         ({"n": 2, "stream": True}, "n: several choices are served without stream"),
-        ({"logprobs": True}, "logprobs: not served"),
+        ({"logprobs": True, "stream": True}, "logprobs: served without stream"),
+        ({"top_logprobs": 2}, "top_logprobs: needs logprobs: true"),
         ({"response_format": {"type": "json_schema"}}, "response_format: text, json_object, or json_schema with"),
         ({"tool_choice": "maybe"}, "tool_choice: 'maybe' is not none, auto, required or a named function"),
         ({"temperature": 3}, "less than or equal to 2"),
