@@ -217,7 +217,7 @@ def _command(args: argparse.Namespace) -> int:
     with refusing(ValueError, prefix="env error: "):  # a broken task file stops here, before any model loads
         tasks, notes = _load_tasks(config)
     if args.command == "check":
-        with refusing(EnvironmentFault):  # the environment run with no model: references, a reply with no call
+        with refusing(EnvironmentFault):  # the environment run with no model: references, an unknown call
             probed = guard.probe(config.env.make())
         print(f"{args.config}: ok (run {config.run_id}, original HCP {config.original_hcp().id}, {tasks}; {probed})")
         for note in notes:  # what the environment skipped, and why

@@ -273,6 +273,13 @@ class Faulty(LifeEnv):
             def call(name, arguments):
                 raise RuntimeError("the backend is down")
             episode.call = call
+        if self.fault == "unknown_call":
+            known = episode.call
+            def call(name, arguments):
+                if name == "no_such_tool":
+                    raise ValueError("what is that")
+                return known(name, arguments)
+            episode.call = call
         if self.fault == "score_range":
             episode.score = lambda messages: (2.0, "too much")
         return episode
@@ -287,6 +294,7 @@ class Faulty(LifeEnv):
         ("reference", "env faulty: reference on task faulty/life-1-"),
         ("start", "env faulty: start on task faulty/life-1-"),
         ("call", "on task faulty/life-1-"),
+        ("unknown_call", "env faulty: call(no_such_tool) on task faulty/life-1-"),
         ("score_range", "env faulty: score on task faulty/life-1-"),
     ],
 )
@@ -296,7 +304,11 @@ def test_check_names_the_method_of_an_environment_that_fails(tmp_path: Path, fau
     env = f"{{loader: faulty_env.py:Faulty, args: {{fault: {fault}}}, tiers: [1], n_train: 8, n_dev: 4, n_test: 4}}"
     line = _one_line(_cli("check", str(_config(tmp_path, f"env: {env}\n"))))
     assert message in line, line
-    what = {"call": "env faulty: call(", "score_range": "returned (2.0, 'too much'), not (reward in [0, 1], text)"}
+    what = {
+        "call": "env faulty: call(",
+        "unknown_call": "ValueError: what is that",
+        "score_range": "returned (2.0, 'too much'), not (reward in [0, 1], text)",
+    }
     assert what.get(fault, "RuntimeError: ") in line and not (tmp_path / "s.duckdb").exists()
 
 

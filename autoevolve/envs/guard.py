@@ -4,7 +4,8 @@ A rollout treats the model's failures as data (reward 0 and the reason), but an 
 code (its ``start``, a tool's ``call`` other than an unknown tool's KeyError, ``score``, a malformed score) is a bug
 to fix, not a score: ``EnvironmentFault`` says which method raised on which task. ``probe`` runs an environment with
 no model, as ``autoevolve check`` does: a few tasks of each split, each train task's reference through a real episode
-(it must score the maximum, 1.0) and a reply with no call (its score must be a number in [0, 1]).
+(it must score the maximum, 1.0) and a reply that calls a tool the task does not have, then gives up (the call may
+raise KeyError, as the protocol says of an unknown tool, or answer with text; the score must be in [0, 1]).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from autoevolve.envs import SPLITS, Environment, Episode
-from autoevolve.records import Message, Task
+from autoevolve.records import Message, Task, ToolCall
 
 T = TypeVar("T")
+UNKNOWN_TOOL = "no_such_tool"  # the probe's bad call
 
 
 class EnvironmentFault(RuntimeError):
@@ -90,7 +92,20 @@ def probe(env: Environment, per_split: int = 3) -> str:
                 if reward < 1.0:
                     raise EnvironmentFault(env.name, "score", task.id, f"its reference scores {reward}: {feedback}")
                 references += 1
-            messages = [Message(role="user", content=task.request), Message(role="assistant", content="I can't.")]
-            start(env, task).score(messages)
+            episode, bad = start(env, task), ToolCall.make("call_probe", UNKNOWN_TOOL, {})
+            try:
+                result = episode.call(bad.name, bad.arguments)
+            except KeyError:
+                result = f"unknown tool {UNKNOWN_TOOL!r}"
+            if not isinstance(result, str):
+                what = f"returned {result!r}, not text (an unknown tool raises KeyError)"
+                raise EnvironmentFault(env.name, f"call({UNKNOWN_TOOL})", task.id, what)
+            messages = [
+                Message(role="user", content=task.request),
+                Message(role="assistant", tool_calls=[bad]),
+                Message(role="tool", content=result, tool_call_id=bad.id),
+                Message(role="assistant", content="I can't."),
+            ]
+            episode.score(messages)
             replies += 1
-    return f"{references} references scored 1.0 and {replies} replies with no call scored in [0, 1]"
+    return f"{references} references scored 1.0 and {replies} replies with an unknown call scored in [0, 1]"
