@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 BFCL_VERSION := 2026.3.23
 
-.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-headroom
+.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-serve bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -71,6 +71,11 @@ bench-bfcl: install  # one BFCL round (about 16 minutes on 2 cores), then SFT on
 
 bench-router-kv: install  # the router's switch: own harness, shared context, shared keys and values; about 10 minutes
 	$(PY) bench/router_kv.py
+
+# Streaming clients at 1-64 against autoevolve serve and llama.cpp's server (LLAMA_PYTHON: a python with
+# llama-cpp-python[server] installed, which compiles llama.cpp; without it only autoevolve runs); about 8 minutes
+bench-serve: install
+	$(PY) bench/serve_load.py $(if $(LLAMA_PYTHON),--llama-python $(LLAMA_PYTHON))
 
 bench-headroom: install  # tier-2 wins by adapter, demos and samples, after bench-loop; about 35 minutes
 	$(PY) bench/tier_headroom.py --adapter v1=trajectories/runs/loop/adapters/L1-life-v1 \

@@ -365,11 +365,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument(
         "--store",
-        help=f"DuckDB store with the registry (default {DEFAULT_STORE} where it exists; without one, --model alone)",
+        help=f"DuckDB store with the registry (default {DEFAULT_STORE}; with --model and no --store: that model alone)",
     )
     srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    srv.add_argument("--model", help="base model (default: the experts' base model)")
+    srv.add_argument("--model", help="base model (default: the experts' base model; without --store, served alone)")
     srv.add_argument("--entry", help="the router's entry expert (default: the registry's tier-0 expert)")
     srv.add_argument(
         "--hcp",
@@ -427,7 +427,7 @@ def _serve(args: argparse.Namespace) -> int:
     from autoevolve.policy.local import LocalPolicy
     from autoevolve.store import Store, StoreError
 
-    store = args.store or (DEFAULT_STORE if Path(DEFAULT_STORE).is_file() or not args.model else None)
+    store = args.store or (None if args.model else DEFAULT_STORE)  # --model alone: that model, no registry
     if store is not None:
         _store_file(store, "; or --model NAME without --store to serve a model alone")
     harnesses = {}

@@ -38,6 +38,7 @@ from autoevolve.fleet.serving.live import Live
 from autoevolve.fleet.serving.metrics import CONTENT_TYPE, Metrics
 from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA
 from autoevolve.fleet.serving.wire import (
+    MAX_CHOICES,
     MAX_MESSAGES,
     ChatBody,
     CompletionBody,
@@ -104,6 +105,9 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
     app = FastAPI(title="autoevolve", docs_url=None, redoc_url=None, openapi_url=None)
     controls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoevolve-lora")  # apart from chat requests
     metrics = Metrics(lambda: fleet.in_flight)
+    # Each request waits for its batch on a thread of its own: as many as may wait, or the default executor's few
+    # threads (6 on 2 cores) would cap every batch at a few requests.
+    waiters = ThreadPoolExecutor(max_workers=fleet.max_waiting + MAX_CHOICES, thread_name_prefix="autoevolve-wait")
 
     if api_key:
         app.add_middleware(_KeyRequired, key=api_key)
@@ -139,11 +143,11 @@ def create_app(fleet: Fleet, api_key: str | None = None, runtime: RuntimeLoRA | 
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _answer(request, fleet, metrics, ChatBody)
+        return await _answer(request, fleet, metrics, waiters, ChatBody)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _answer(request, fleet, metrics, CompletionBody)
+        return await _answer(request, fleet, metrics, waiters, CompletionBody)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -215,7 +219,9 @@ class _KeyRequired:
         await self.app(scope, receive, send)
 
 
-async def _answer(request: Request, fleet: Fleet, metrics: Metrics, kind: type[SamplingBody]) -> Response:
+async def _answer(
+    request: Request, fleet: Fleet, metrics: Metrics, waiters: ThreadPoolExecutor, kind: type[SamplingBody]
+) -> Response:
     """A chat or text completion: the whole reply, or its stream (see the module docstring)."""
     started = time.monotonic()
     try:
@@ -227,9 +233,9 @@ async def _answer(request: Request, fleet: Fleet, metrics: Metrics, kind: type[S
     live = lives[0]
     if text:
         live.id = "cmpl-" + live.id.removeprefix("chatcmpl-")
-    run = fleet.complete if text else fleet.reply
+    run, loop = fleet.complete if text else fleet.reply, asyncio.get_running_loop()
     answers = [
-        asyncio.ensure_future(asyncio.to_thread(run, body.model_copy(update={"seed": (body.seed or 0) + i}), each))
+        loop.run_in_executor(waiters, run, body.model_copy(update={"seed": (body.seed or 0) + i}), each)
         for i, each in enumerate(lives)
     ]  # each choice its own seed; they wait together, so they are batched together
     answer, count = answers[0], functools.partial(_count, metrics, body.model, live, started)
