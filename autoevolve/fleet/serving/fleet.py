@@ -131,7 +131,7 @@ class Fleet:
         self.max_waiting, self.reply_timeout_s = max_waiting, reply_timeout_s
         self.callers: OrderedDict[str, str] = OrderedDict()  # tool call id -> the served name that made it
         self._waiting = threading.BoundedSemaphore(max_waiting)
-        self.in_flight, self._count = 0, threading.Lock()  # requests admitted and not yet answered
+        self.in_flight, self._lock = 0, threading.Lock()  # requests admitted and not yet answered; guards callers
         self._jobs: queue.Queue = queue.Queue()
         threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
 
@@ -266,16 +266,16 @@ class Fleet:
             )
         if not self._waiting.acquire(blocking=False):
             raise WireError(f"{self.max_waiting} requests are waiting; retry shortly", status=429, retry_after=1)
-        with self._count:
+        with self._lock:
             self.in_flight += 1
         try:
             return answer()
         finally:
-            with self._count:
+            with self._lock:
                 self.in_flight -= 1
             self._waiting.release()
 
-    def live(self, body: ChatBody, loop: Any = None) -> Live:
+    def live(self, body: SamplingBody, loop: Any = None) -> Live:
         """What follows a request's generation step by step (``reply``'s ``live``); ``loop``: where its text goes."""
         return Live(self.policy.tokenizer, body.stops, loop, stream=body.stream)
 
@@ -286,8 +286,9 @@ class Fleet:
             reply = self._routed(body, history, live)
         else:
             reply = self._call(body.model, body, history=history, system=system, live=live)
-        for call in reply.calls:
-            self.callers[call.id] = reply.served
+        with self._lock:
+            for call in reply.calls:
+                self.callers[call.id] = reply.served
             while len(self.callers) > CALLERS_KEPT:
                 self.callers.popitem(last=False)
         if self.recorder is not None and not (live and live.cancelled.is_set()):  # a reply its client left: unsaid
@@ -320,7 +321,8 @@ class Fleet:
             return lambda slot: harnessed_call(slot.hcp, body, messages, None, None if answering else tool)
 
         last = history[-1]
-        owner = self.callers.get(last.tool_call_id or "") if last.role == "tool" else None
+        with self._lock:
+            owner = self.callers.get(last.tool_call_id or "") if last.role == "tool" else None
         if owner and owner != self.entry and owner in self.slots:
             return self._call(owner, body, harnessed(turn if shared else history, True), live=live)
         reply = self._call(self.entry, body, harnessed(turn, False), live=live)
@@ -402,8 +404,9 @@ class Fleet:
         return [{**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in top]} for t, lp, top in scored]
 
     def _fitted(self, request: ChatRequest, body: SamplingBody) -> ChatRequest:
-        """The request within the model's context: a completion limit the client set must fit after the prompt
-        (else 400, as vLLM answers); the server's own default is cut to what fits."""
+        """The request as it can run, else a 400 naming the field: a JSON schema that compiles, log-probabilities
+        where the decoder computes them, a prompt that is not empty, within the model's context (a completion limit
+        the client set must fit after the prompt, as vLLM answers; the server's own default is cut to what fits)."""
         if request.constrain is not None and request.constrain.json_value is not None:
             try:
                 self.policy.check(request)

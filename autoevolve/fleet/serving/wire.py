@@ -3,11 +3,11 @@
 Requests follow the chat-completions reference: ``messages`` (system/developer, user, assistant with
 ``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
 ``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``, ``n``
-(up to ``MAX_CHOICES``, not streamed). Fields
-the server cannot honour (``logprobs`` with ``stream``, a ``response_format`` that is not text, json_object or
-json_schema, and vLLM's ``top_k``,
-``min_p`` and ``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the
-field; fields that do not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
+(up to ``MAX_CHOICES``, not streamed), ``logprobs`` with ``top_logprobs``, ``response_format``; ``/v1/completions``
+takes its own body (``CompletionBody``). Fields the server cannot honour (``logprobs`` with ``stream``, a
+``response_format`` that is not text, json_object or json_schema, and vLLM's ``top_k``, ``min_p`` and
+``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the field; fields that do
+not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
 ``metadata`` (a string map in the reference) fills the harness's memory template (e.g. ``today``, ``user``).
 """
 
@@ -144,7 +144,8 @@ class ChatBody(SamplingBody):
             return None
         if kind == "json_object":
             return {"type": "object"}
-        schema = (shape.get("json_schema") or {}).get("schema") if kind == "json_schema" else None
+        inner = shape.get("json_schema")
+        schema = inner.get("schema") if kind == "json_schema" and isinstance(inner, dict) else None
         if not isinstance(schema, dict):
             raise ValueError(
                 "response_format: text, json_object, or json_schema with json_schema.schema (an object) is served"

@@ -23,6 +23,7 @@ USER = [{"role": "user", "content": "hi"}]
         ({"logprobs": True, "stream": True}, "logprobs: served without stream"),
         ({"top_logprobs": 2}, "top_logprobs: needs logprobs: true"),
         ({"response_format": {"type": "json_schema"}}, "response_format: text, json_object, or json_schema with"),
+        ({"response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format: text, json_object"),
         ({"tool_choice": "maybe"}, "tool_choice: 'maybe' is not none, auto, required or a named function"),
         ({"temperature": 3}, "less than or equal to 2"),
         ({"top_k": 40}, "top_k: not served; leave it unset \\(or -1\\)"),
