@@ -168,7 +168,7 @@ def main() -> None:
 
     load(EMBEDDED)  # the dequantised copy is cached before the server starts, so it loads as it would for a user
     tokenizer = AutoTokenizer.from_pretrained(str(cache_dir() / EMBEDDED))
-    logs = Path(args.out).with_suffix("")
+    logs = ROOT / "trajectories" / "serve_load"  # each server's output (git-ignored)
     logs.mkdir(parents=True, exist_ok=True)
     servers: dict[str, tuple[list[str], str]] = {}
     port = free_port()
