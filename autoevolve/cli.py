@@ -20,7 +20,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,26 +87,23 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _positive(text: str) -> int:
-    """An argument that must be a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is too few: give 1 or more")
-    return value
+def _whole(least: int, below: str) -> Callable[[str], int]:
+    """An argument's parser: a whole number of at least ``least`` (``below`` says why a smaller one is refused)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} {below}")
+        return value
+
+    return parse
 
 
-def _tier(text: str) -> int:
-    """An expert's tier: a whole number of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is below 0: 0 is the entry expert, 1+ the experts it routes to")
-    return value
+_positive = _whole(1, "is too few: give 1 or more")
+_tier = _whole(0, "is below 0: 0 is the entry expert, 1+ the experts it routes to")  # an expert's tier
 
 
 @contextmanager
