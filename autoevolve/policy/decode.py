@@ -5,7 +5,8 @@ generate attends to a copy of that prefix per row, appends to its cache with a c
 row in the batch until the slowest one ends. Here the shared prefix's keys and values are computed once (and kept
 across calls, per adapter), and attention reads three segments: the prefix (one matrix product for all rows), each
 row's own prompt (computed once at prefill, stored contiguously), and the tokens generated so far (one column per
-step in a buffer allocated once). A row leaves the batch as soon as it ends. An episode's next call starts from
+step in a buffer allocated once). A row leaves the batch as soon as it ends, and a new row may join between steps
+(``arrivals``: continuous batching, as a server needs). An episode's next call starts from
 the keys and values its rows left in the store (``autoevolve.policy.kvstore``), so only the reply, the tool result
 and the new generation prompt are computed again.
 
@@ -140,6 +141,7 @@ class Decoder:
         listeners: list[Listener | None] | None = None,
         scores: list[list[Scored]] | None = None,
         top: int = 0,
+        arrivals: Callable[[int], list[Joiner]] | None = None,
     ) -> list[list[int]]:
         """New tokens for each prompt, up to ``max_new``, without the stop token that ended it.
 
@@ -154,84 +156,20 @@ class Decoder:
         listener returns False ends there (its client left, or its stop sequence came).
         ``scores`` (an empty list per row): filled with each generated token's log-probability under the model (its
         raw logits, before temperature and grammar) and the ``top`` likeliest tokens' (guessing off).
+        ``arrivals`` (continuous batching): called after each decode step with the number of live rows; the rows
+        it returns join the batch at the next step (their prompts are computed then) and leave it when they end, each
+        handing its tokens to its own ``Joiner.done``. They decode under this call's adapter and sampling settings.
         """
-        self.stats.calls += 1
-        self.stats.rows += len(rows)
-        started = time.perf_counter()
-        weights = self._layers(adapter)
-        borrowed, kv_adapter = kv_adapter is not OWN, adapter if kv_adapter is OWN else kv_adapter
-        shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
-        if borrowed and len(rows) == 1:
-            shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover what they can
-        prefix = self._prefix(kv_adapter, self._layers(kv_adapter), rows[0][:shared])
-        starts = [self._stored(kv_adapter, cache_key, r, shared) for r in rows]
-        fresh = [len(r) - shared - n for r, (_, n) in zip(rows, starts, strict=True)]
-        order = sorted(range(len(rows)), key=lambda i: fresh[i])  # slot s holds row order[s]: chunks are slices
-        own = [rows[i][shared:] for i in order]
-        cache = _Rows.allocate(self, [len(x) for x in own], max_new)
-        for slot, i in enumerate(order):
-            cache.load(slot, *starts[i], shared)
-        logits = self._prefill(weights, own, [fresh[i] for i in order], shared, prefix, cache)
-        self.stats.prefill_s += time.perf_counter() - started
-
-        started = time.perf_counter()
-        generator = torch.Generator().manual_seed(seed)
-        guides = guides if guides and any(guides) else None
-        guessing = temperature <= 0 and guides is None and scores is None
-        drafts = _Guesses([rows[i] for i in order]) if guessing else None
-        out: list[list[int]] = [[] for _ in rows]
-        active = order  # row of each live slot
-        lengths = torch.tensor([len(rows[i]) for i in order])
-        fed = torch.zeros(len(order), dtype=torch.long)  # generated tokens whose keys and values are in the cache
-        raw = _log_softmax(logits, scores)
-        new = [[t] for t in _pick(_masked(logits, order, guides), temperature, top_p, generator).tolist()]
-        while True:
-            keep = []
-            pending = _scored(raw, new, top) if scores is not None else None
-            for slot, (i, tokens) in enumerate(zip(active, new, strict=True)):
-                if guides is not None and guides[i] is not None:
-                    guides[i].take(tokens)
-                before = len(out[i])
-                goes_on = self._append(out[i], tokens, max_new)
-                if pending is not None and len(out[i]) > before:
-                    scores[i].append(pending[slot])
-                if listeners is not None and listeners[i] is not None and len(out[i]) > before:
-                    goes_on = listeners[i](out[i][before:]) and goes_on
-                if goes_on:
-                    keep.append(slot)
-                elif cache_key is not None and kv_adapter == adapter:  # the row ends: keep its prompt and fed tokens
-                    n = min(int(fed[slot]), len(out[i]))
-                    self.store.add(cache.sequence(slot, adapter, cache_key, rows[i] + out[i][:n], prefix, n))
-            if not keep:
-                break
-            if len(keep) < len(active):  # ended rows leave: every later step computes live rows only
-                moved = cache.keep(keep)
-                active, lengths, fed = [active[s] for s in moved], lengths[moved], fed[moved]
-                if drafts is not None:
-                    drafts.keep(moved)
-            guesses = drafts.guess([out[i] for i in active], max_new) if drafts is not None else [[]] * len(active)
-            width = 1 + max(len(d) for d in guesses)
-            ids = torch.tensor(
-                [[out[i][-1], *d] + [0] * (width - 1 - len(d)) for i, d in zip(active, guesses, strict=True)]
-            )
-            hidden = self._decode(weights, ids, lengths + fed, prefix, cache, fed)
-            self.stats.decode_steps += 1
-            if width == 1:
-                logits = self._logits(hidden[:, 0])
-                raw = _log_softmax(logits, scores)
-                new = [[t] for t in _pick(_masked(logits, active, guides), temperature, top_p, generator).tolist()]
-                fed += 1
-                continue
-            best = self._logits(hidden).argmax(dim=-1).tolist()  # greedy: a guess stands while it is the argmax
-            new = []
-            for slot, (guess, picks) in enumerate(zip(guesses, best, strict=True)):
-                taken = next((j for j, t in enumerate(guess) if t != picks[j]), len(guess))
-                new.append(guess[:taken] + [picks[taken]])
-                fed[slot] += 1 + taken
-                drafts.judge(slot, len(guess), taken)
-            self.stats.guessed_tokens += sum(len(t) - 1 for t in new)
-        self.stats.decode_s += time.perf_counter() - started
-        return out
+        n = len(rows)
+        guides = guides if guides and any(guides) else [None] * n
+        own = zip(rows, listeners or [None] * n, guides, scores or [None] * n, strict=True)
+        batch = _Batch(self, adapter, kv_adapter, cache_key, temperature, top_p, seed, top)
+        batch.add([Joiner(r, max_new, listener, guide, score) for r, listener, guide, score in own])
+        while batch.step():
+            joining = arrivals(len(batch.active)) if arrivals is not None else []
+            if joining:
+                batch.add(joining)
+        return batch.out[:n]
 
     def _append(self, out: list[int], tokens: list[int], max_new: int) -> bool:
         """Append new tokens to a row up to its stop token or ``max_new``; whether the row goes on."""
@@ -410,6 +348,176 @@ class Decoder:
         return x + w["down"](layer.mlp.act_fn(gate) * up)
 
 
+@dataclass
+class Joiner:
+    """A row for a batch: its prompt's tokens, its own limit, and what hears it (see ``Decoder.generate``)."""
+
+    tokens: list[int]
+    max_new: int
+    listener: Listener | None = None
+    guide: Any = None
+    scores: list[Scored] | None = None  # filled as it decodes, when the batch computes scores
+    done: Callable[[list[int]], None] | None = None  # called with its new tokens when it ends (a row that joined)
+
+
+class _Batch:
+    """Rows decoding together under one adapter and one set of sampling settings. Rows are added before any step
+    (the call's own) and between steps (continuous batching): a step feeds every live row its last token, rows
+    that end leave, and rows that join are prefilled against the batch's shared prefix, shortened first to what
+    they share with it (the rows already live take the cut tokens' keys and values into their own)."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        adapter: str | None,
+        kv_adapter: Any,
+        cache_key: str | None,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        top: int,
+    ) -> None:
+        self.decoder, self.adapter, self.cache_key, self.top = decoder, adapter, cache_key, top
+        self.borrowed, self.kv_adapter = kv_adapter is not OWN, adapter if kv_adapter is OWN else kv_adapter
+        self.weights = decoder._layers(adapter)
+        self.temperature, self.top_p = temperature, top_p
+        self.generator = torch.Generator().manual_seed(seed)
+        self.joiners: list[Joiner] = []  # per row, in the order rows came
+        self.out: list[list[int]] = []
+        self.active: list[int] = []  # row of each live slot
+        self.lengths = torch.zeros(0, dtype=torch.long)  # each live slot's prompt length
+        self.fed = torch.zeros(0, dtype=torch.long)  # generated tokens whose keys and values are in the cache
+        self.new: list[list[int]] = []  # each live slot's tokens picked by the last step, not yet appended
+        self.raw: torch.Tensor | None = None  # each live slot's log-probabilities (when scores are computed)
+        self.cache: _Rows | None = None
+        self.prefix: Sequence | None = None
+        self.guides: list[Any] | None = None
+        self.drafts: _Guesses | None = None
+        self.scoring = self.guessing = False
+
+    def add(self, joiners: list[Joiner]) -> None:
+        """Prefill rows and make them live: their first tokens are appended by the next step."""
+        d, started = self.decoder, time.perf_counter()
+        rows = [j.tokens for j in joiners]
+        guided, scored = any(j.guide is not None for j in joiners), any(j.scores is not None for j in joiners)
+        if self.prefix is None:  # the call's own rows: they set what the batch computes
+            self.scoring = scored
+            self.guessing = self.temperature <= 0 and not guided and not scored
+            shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
+            if self.borrowed and len(rows) == 1:
+                shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover it
+            self.prefix = d._prefix(self.kv_adapter, d._layers(self.kv_adapter), rows[0][:shared])
+        elif (guided or scored) and self.guessing or scored and not self.scoring or self.borrowed:
+            raise ValueError("a row joins only a batch that decodes it alike (guessing, scores, borrowed keys)")
+        else:
+            known = self.prefix.tokens.tolist()
+            self._shorten(min(common_prefix([known, *rows]), min(len(r) for r in rows) - 1))
+        shared = self.prefix.shared
+        if self.cache is None:
+            d.stats.calls += 1
+        d.stats.rows += len(rows)
+        starts = [d._stored(self.kv_adapter, self.cache_key, r, shared) for r in rows]
+        fresh = [len(r) - shared - n for r, (_, n) in zip(rows, starts, strict=True)]
+        order = sorted(range(len(rows)), key=lambda i: fresh[i])  # slot s holds row order[s]: chunks are slices
+        own = [rows[i][shared:] for i in order]
+        cache = _Rows.allocate(d, [len(x) for x in own], max(j.max_new for j in joiners))
+        for slot, i in enumerate(order):
+            cache.load(slot, *starts[i], shared)
+        logits = d._prefill(self.weights, own, [fresh[i] for i in order], shared, self.prefix, cache)
+        first = len(self.joiners)
+        self.joiners += joiners
+        self.out += [[] for _ in joiners]
+        if guided and self.guides is None:
+            self.guides = [None] * first
+        if self.guides is not None:
+            self.guides += [j.guide for j in joiners]
+        joined = [first + i for i in order]
+        if self.guessing:
+            if self.drafts is None:
+                self.drafts = _Guesses()
+            self.drafts.add([rows[i] for i in order])
+        self.cache = cache if self.cache is None else self.cache.extend(cache)
+        self.active += joined
+        self.lengths = torch.cat([self.lengths, torch.tensor([len(rows[i]) for i in order])])
+        self.fed = torch.cat([self.fed, torch.zeros(len(rows), dtype=torch.long)])
+        raw = _log_softmax(logits, self.scoring)
+        self.raw = raw if self.raw is None or raw is None else torch.cat([self.raw, raw])
+        picks = _pick(_masked(logits, joined, self.guides), self.temperature, self.top_p, self.generator)
+        self.new += [[t] for t in picks.tolist()]
+        d.stats.prefill_s += time.perf_counter() - started
+
+    def step(self) -> bool:
+        """Append the tokens the last step picked, let ended rows leave, and decode the live rows' next tokens;
+        whether any row is live."""
+        d, started = self.decoder, time.perf_counter()
+        keep = []
+        pending = _scored(self.raw, self.new, self.top) if self.scoring else None
+        for slot, (i, tokens) in enumerate(zip(self.active, self.new, strict=True)):
+            row, out = self.joiners[i], self.out[i]
+            if self.guides is not None and self.guides[i] is not None:
+                self.guides[i].take(tokens)
+            before = len(out)
+            goes_on = d._append(out, tokens, row.max_new)
+            if pending is not None and row.scores is not None and len(out) > before:
+                row.scores.append(pending[slot])
+            if row.listener is not None and len(out) > before:
+                goes_on = row.listener(out[before:]) and goes_on
+            if goes_on:
+                keep.append(slot)
+                continue
+            if self.cache_key is not None and self.kv_adapter == self.adapter:  # keep its prompt and fed tokens
+                n = min(int(self.fed[slot]), len(out))
+                d.store.add(
+                    self.cache.sequence(slot, self.adapter, self.cache_key, row.tokens + out[:n], self.prefix, n)
+                )
+            if row.done is not None:
+                row.done(out)
+        if len(keep) < len(self.active):  # ended rows leave: every later step computes live rows only
+            if not keep:
+                d.stats.decode_s += time.perf_counter() - started
+                return False
+            moved = self.cache.keep(keep)
+            self.active, self.lengths, self.fed = [self.active[s] for s in moved], self.lengths[moved], self.fed[moved]
+            if self.drafts is not None:
+                self.drafts.keep(moved)
+        self._decode()
+        d.stats.decode_s += time.perf_counter() - started
+        return True
+
+    def _decode(self) -> None:
+        """One forward pass over each live row's last token and its guesses: the tokens each row takes next."""
+        d, outs = self.decoder, [self.out[i] for i in self.active]
+        limits = [self.joiners[i].max_new for i in self.active]
+        guesses = self.drafts.guess(outs, limits) if self.drafts is not None else [[]] * len(outs)
+        width = 1 + max(len(g) for g in guesses)
+        ids = torch.tensor([[out[-1], *g] + [0] * (width - 1 - len(g)) for out, g in zip(outs, guesses, strict=True)])
+        hidden = d._decode(self.weights, ids, self.lengths + self.fed, self.prefix, self.cache, self.fed)
+        d.stats.decode_steps += 1
+        if width == 1:
+            logits = d._logits(hidden[:, 0])
+            self.raw = _log_softmax(logits, self.scoring)
+            picks = _pick(_masked(logits, self.active, self.guides), self.temperature, self.top_p, self.generator)
+            self.new = [[t] for t in picks.tolist()]
+            self.fed += 1
+            return
+        best = d._logits(hidden).argmax(dim=-1).tolist()  # greedy: a guess stands while it is the argmax
+        self.new = []
+        for slot, (guess, picks) in enumerate(zip(guesses, best, strict=True)):
+            taken = next((j for j, t in enumerate(guess) if t != picks[j]), len(guess))
+            self.new.append(guess[:taken] + [picks[taken]])
+            self.fed[slot] += 1 + taken
+            self.drafts.judge(slot, len(guess), taken)
+        d.stats.guessed_tokens += sum(len(t) - 1 for t in self.new)
+
+    def _shorten(self, shared: int) -> None:
+        """Cut the shared prefix to its first ``shared`` tokens; the live rows keep the rest as their own."""
+        if shared >= self.prefix.shared:
+            return
+        self.cache.widen([(k[:, shared:], v[:, shared:]) for k, v in self.prefix.prefix])
+        layers = [(k[:, :shared], v[:, :shared]) for k, v in self.prefix.prefix] if shared else []
+        self.prefix = Sequence(self.kv_adapter, "", self.prefix.tokens[:shared], layers)
+
+
 class _Rows:
     """Each live row's keys and values: its own prompt [rows, kv_heads, width, head_dim] (right-aligned, contiguous)
     and its generated tokens [rows, kv_heads, max_new, head_dim], per layer."""
@@ -479,6 +587,42 @@ class _Rows:
         self._lengths([self.lengths[s] for s in moved])
         return moved
 
+    def widen(self, before: KV) -> None:
+        """Put the same tokens' keys and values (per layer [kv_heads, tokens, head_dim]) before every row's own."""
+        extra = before[0][0].shape[1] if before else 0
+        if not extra:
+            return
+        for held, layer in ((self.k, 0), (self.v, 1)):
+            for index, t in enumerate(held):
+                wide = torch.zeros(t.shape[0], t.shape[1], self.width + extra, t.shape[3], dtype=t.dtype)
+                wide[:, :, extra:] = t
+                for slot, length in enumerate(self.lengths):
+                    end = self.width - length + extra  # where the row's own tokens begin
+                    wide[slot, :, end - extra : end] = before[index][layer]
+                held[index] = wide
+        self.width += extra
+        self._lengths([n + extra for n in self.lengths])
+
+    def extend(self, other: _Rows) -> _Rows:
+        """These rows and another's after them, in one set of buffers (the narrower padded)."""
+        width, columns = max(self.width, other.width), max(self.gen_k[0].shape[2], other.gen_k[0].shape[2])
+
+        def both(mine: list, theirs: list, gen: bool) -> list:
+            def fit(t: torch.Tensor) -> torch.Tensor:  # own prompts pad on the left, generated tokens on the right
+                room = (columns if gen else width) - t.shape[2]
+                return F.pad(t, (0, 0, 0, room) if gen else (0, 0, room, 0))
+
+            return [torch.cat([fit(a), fit(b)]) for a, b in zip(mine, theirs, strict=True)]
+
+        return _Rows(
+            both(self.k, other.k, False),
+            both(self.v, other.v, False),
+            both(self.gen_k, other.gen_k, True),
+            both(self.gen_v, other.gen_v, True),
+            self.lengths + other.lengths,
+            self.kv_heads,
+        )
+
     def _lengths(self, lengths: list[int]) -> None:
         """Set the rows' own lengths, their valid columns and the decode scores' bias (-inf on padding)."""
         self.lengths = lengths
@@ -494,26 +638,35 @@ class _Guesses:
     token and its guesses) and keeps those that equal the model's own greedy choice, plus the model's next token:
     the output is what one-token-at-a-time greedy decoding gives, in fewer steps."""
 
-    def __init__(self, prompts: list[list[int]]) -> None:
-        self.context = [list(p) for p in prompts]
-        self.prompt = [len(p) for p in prompts]
-        self.size = [GUESS_TOKENS // 2] * len(prompts)  # each row's guess length, grown and shrunk by its record
-        self.index: list[dict[int, dict[tuple, int]]] = [{n: {} for n in NGRAMS} for _ in prompts]
-        for context, index in zip(self.context, self.index, strict=True):
+    def __init__(self) -> None:
+        self.context: list[list[int]] = []
+        self.prompt: list[int] = []
+        self.size: list[int] = []  # each row's guess length, grown and shrunk by its record
+        self.index: list[dict[int, dict[tuple, int]]] = []
+
+    def add(self, prompts: list[list[int]]) -> None:
+        """Rows that join, after the others."""
+        for p in prompts:
+            context, index = list(p), {n: {} for n in NGRAMS}
             for at in range(1, len(context)):
                 self._note(context, index, at)
+            self.context.append(context)
+            self.prompt.append(len(p))
+            self.size.append(GUESS_TOKENS // 2)
+            self.index.append(index)
 
-    def guess(self, outs: list[list[int]], max_new: int) -> list[list[int]]:
-        """Each row's guess of its next tokens (empty where it has none), bounded by the step's budget."""
+    def guess(self, outs: list[list[int]], limits: list[int]) -> list[list[int]]:
+        """Each row's guess of its next tokens (empty where it has none), bounded by the step's budget and the
+        row's ``max_new``."""
         budget = GUESS_BUDGET // len(outs) - 1  # below 2 tokens a guess costs more than it saves (measured)
         guesses = []
-        for context, index, prompt, out, size in zip(
-            self.context, self.index, self.prompt, outs, self.size, strict=True
+        for context, index, prompt, out, size, limit in zip(
+            self.context, self.index, self.prompt, outs, self.size, limits, strict=True
         ):
             while len(context) < prompt + len(out):  # the reply's new tokens join the searchable context
                 context.append(out[len(context) - prompt])
                 self._note(context, index, len(context) - 1)
-            room = min(size, budget, max_new - len(out) - 1)  # a step adds its confirmed guesses and one more
+            room = min(size, budget, limit - len(out) - 1)  # a step adds its confirmed guesses and one more
             found = next((index[n][k] for n in NGRAMS if (k := tuple(context[-n:])) in index[n]), None)
             guesses.append(context[found : found + room] if found is not None and budget >= 2 and room > 0 else [])
         return guesses
@@ -540,9 +693,9 @@ class _Guesses:
                 index[n][tuple(context[at - n : at])] = at
 
 
-def _log_softmax(logits: torch.Tensor, scores: list | None) -> torch.Tensor | None:
+def _log_softmax(logits: torch.Tensor, wanted: bool) -> torch.Tensor | None:
     """Log-probabilities of raw logits, when scores are asked for (before a grammar masks the logits in place)."""
-    return torch.log_softmax(logits, dim=-1) if scores is not None else None
+    return torch.log_softmax(logits, dim=-1) if wanted else None
 
 
 def _scored(raw: torch.Tensor, new: list[list[int]], top: int) -> list[Scored]:

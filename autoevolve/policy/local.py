@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -16,9 +16,11 @@ import torch
 
 from autoevolve import model as model_loader
 from autoevolve.policy import CallConstraint, ChatRequest, Completion
-from autoevolve.policy.decode import OWN, Decoder, Listener, common_prefix, supports
+from autoevolve.policy.decode import OWN, Decoder, Joiner, Listener, common_prefix, supports
 
 Engine = Literal["auto", "hf"]
+Arrival = tuple[ChatRequest, Listener | None, Callable[[Completion], None]]  # a request, its listener, its answer
+Arrivals = Callable[[Callable[[ChatRequest], bool], int], list[Arrival]]  # (which fit, how many) -> requests
 
 
 class LocalPolicy:
@@ -78,11 +80,19 @@ class LocalPolicy:
         return len(self._encode_text(request))
 
     def generate(
-        self, requests: list[ChatRequest], adapter: str | None = None, listeners: list[Listener | None] | None = None
+        self,
+        requests: list[ChatRequest],
+        adapter: str | None = None,
+        listeners: list[Listener | None] | None = None,
+        arrivals: Arrivals | None = None,
     ) -> list[Completion]:
         """Complete requests in text-sorted batches; requests with equal decoding knobs share a batch. ``listeners``
         (per request): called with its new tokens as they are generated, as the decoder's are (see
-        ``Decoder.generate``); with ``model.generate`` once, at the end."""
+        ``Decoder.generate``); with ``model.generate`` once, at the end.
+
+        ``arrivals`` (continuous batching, the decoder only): called between decode steps with a test of which
+        requests fit the running batch (its sampling settings) and how many rows it has room for; the requests it
+        returns join the batch at once, and each one's completion goes to its own callback when it ends."""
         if adapter and adapter not in self.adapters:
             return [Completion(error=f"adapter {adapter!r} is not loaded") for _ in requests]
         texts = [self._template(r) for r in requests]
@@ -100,7 +110,18 @@ class LocalPolicy:
                 constraints = [requests[i].constrain for i in chunk]
                 heard = [listeners[i] for i in chunk] if listeners else None
                 results = self._batch(
-                    batch, adapter, temperature, top_p, max_new, seed, cache_key, constraints, reuse, heard, logprobs
+                    batch,
+                    adapter,
+                    temperature,
+                    top_p,
+                    max_new,
+                    seed,
+                    cache_key,
+                    constraints,
+                    reuse,
+                    heard,
+                    logprobs,
+                    arrivals,
                 )
                 for i, result in zip(chunk, results, strict=True):
                     out[i] = result
@@ -130,6 +151,7 @@ class LocalPolicy:
         reuse_kv_of: str | None = None,
         listeners: list[Listener | None] | None = None,
         logprobs: int | None = None,
+        arrivals: Arrivals | None = None,
     ) -> list[Completion]:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
@@ -158,6 +180,9 @@ class LocalPolicy:
                         listeners=listeners,
                         scores=scores,
                         top=logprobs or 0,
+                        arrivals=self._joining(arrivals, (temperature, top_p, cache_key, reuse_kv_of, logprobs), guides)
+                        if arrivals is not None and reuse_kv_of is None
+                        else None,
                     )
                 else:
                     if scores is not None:
@@ -173,17 +198,54 @@ class LocalPolicy:
         except Exception as exc:  # noqa: BLE001 - a broken batch becomes failed completions
             return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
         elapsed = time.perf_counter() - started
-        results = []
-        for row, prompt in zip(new, ids, strict=True):
-            n = next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))
-            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            scored = scores[len(results)][:n] if scores is not None else None
-            results.append(
-                Completion(
-                    text=text, prompt_tokens=len(prompt), completion_tokens=n, latency_s=elapsed, logprobs=scored
-                )
-            )
-        return results
+        return [
+            self._completion(row, len(prompt), elapsed, scores[k] if scores is not None else None)
+            for k, (row, prompt) in enumerate(zip(new, ids, strict=True))
+        ]
+
+    def _completion(self, row: list[int], prompt: int, elapsed: float, scored: list | None) -> Completion:
+        """A row's new tokens as a completion (cut at its stop token)."""
+        n = next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))
+        text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
+        return Completion(
+            text=text,
+            prompt_tokens=prompt,
+            completion_tokens=n,
+            latency_s=elapsed,
+            logprobs=scored[:n] if scored is not None else None,
+        )
+
+    def _joining(self, arrivals: Arrivals, knobs: tuple, guides: list[Any] | None) -> Callable[[int], list[Joiner]]:
+        """The decoder's ``arrivals`` for a running batch: the requests the caller hands over that decode alike
+        (equal sampling settings; no grammar where the batch guesses ahead), as rows of their own."""
+        guessing = knobs[0] <= 0 and guides is None and knobs[-1] is None
+
+        def fits(r: ChatRequest) -> bool:
+            alike = (r.temperature, r.top_p, r.cache_key, r.reuse_kv_of, r.logprobs) == knobs
+            return alike and not (guessing and r.constrain is not None)
+
+        def joiners(live: int) -> list[Joiner]:
+            rows = []
+            for request, listener, answer in arrivals(fits, self.batch_size - live):
+                try:
+                    tokens = self._encode_text(request)
+                    guide = (self._guides([request.constrain]) or [None])[0]
+                except Exception as exc:  # noqa: BLE001 - a request that cannot join fails alone
+                    answer(Completion(error=f"generation failed: {type(exc).__name__}: {exc}"))
+                    continue
+                scores: list | None = [] if request.logprobs is not None else None
+                done = self._answer(answer, len(tokens), scores)
+                rows.append(Joiner(tokens, request.max_new_tokens, listener, guide, scores, done))
+            return rows
+
+        return joiners
+
+    def _answer(
+        self, answer: Callable[[Completion], None], prompt: int, scores: list | None
+    ) -> Callable[[list[int]], None]:
+        """A joined row's end: its tokens as a completion, handed to its caller."""
+        started = time.perf_counter()
+        return lambda out: answer(self._completion(out, prompt, time.perf_counter() - started, scores))
 
     def _guides(self, constraints: list[CallConstraint | None]) -> list[Any] | None:
         """A grammar matcher per constrained row (None for a free one); None when no row is constrained."""

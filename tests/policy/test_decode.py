@@ -207,3 +207,46 @@ def test_a_row_may_start_from_the_keys_and_values_another_adapter_computed(tiny_
     assert {s.adapter for s in fast.decoder.store.entries.values()} == {None}  # mixed keys and values are not kept
     [own] = fast.generate([later], "zero")
     assert _same_or_tied(fast, later, borrowed.text, own.text)
+
+
+def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(pair) -> None:  # noqa: ANN001
+    """Continuous batching: one row starts (its whole prompt is the batch's prefix), others join after 2 and 5
+    steps with prompts that share only part of it; every row decodes what it decodes alone, to its own limit."""
+    from autoevolve.policy.decode import Joiner
+
+    fast, _ = pair
+    decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
+    decoder.stop_ids = set()
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(4, 8)]  # noqa: SLF001
+    alone = [decoder.generate([r], adapter=None, max_new=n)[0] for r, n in zip(rows, (12, 9, 6, 10), strict=True)]
+    finished: dict[int, list[int]] = {}
+    heard: list[int] = []
+    plan = {2: [1, 2], 5: [3]}  # after how many steps which rows join
+    steps = iter(range(1, 100))
+
+    def arrivals(live: int) -> list[Joiner]:
+        joining = plan.pop(next(steps), [])
+        limits = {1: 9, 2: 6, 3: 10}
+        listener = {3: lambda t: heard.extend(t) or True}
+        return [
+            Joiner(rows[i], limits[i], listener.get(i), done=lambda out, i=i: finished.setdefault(i, out))
+            for i in joining
+        ]
+
+    before = decoder.stats.prefill_tokens
+    [first] = decoder.generate([rows[0]], adapter=None, max_new=12, arrivals=arrivals)
+    assert [first, finished[1], finished[2], finished[3]] == alone
+    assert heard == alone[3] and not plan
+    shared = min(next(i for i in range(len(r)) if r[i] != rows[0][i]) for r in rows[1:])
+    # the first row's prompt once (its prefix is kept from the calls alone), the joiners' own tokens after the cut
+    assert decoder.stats.prefill_tokens - before == 1 + sum(len(r) - shared for r in rows[1:])
+
+
+def test_a_guided_row_does_not_join_a_batch_that_guesses(pair) -> None:  # noqa: ANN001
+    from autoevolve.policy.decode import Joiner
+
+    fast, _ = pair
+    decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(2, 8)]  # noqa: SLF001
+    with pytest.raises(ValueError, match="joins only a batch that decodes it alike"):
+        decoder.generate([rows[0]], adapter=None, max_new=8, arrivals=lambda live: [Joiner(rows[1], 8, guide=object())])

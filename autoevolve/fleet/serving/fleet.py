@@ -14,7 +14,9 @@ the latency saved and the score lost).
 
 One worker thread owns the model: it takes the requests waiting (a few milliseconds' worth), batches those of one
 adapter into one ``generate`` call, and runs adapter loads and unloads between batches, so a batch never sees two
-versions of an adapter. A request names a served name, not a version: it is resolved when its batch starts. A name
+versions of an adapter. A request that arrives while a batch decodes joins it at the next step when it is for the
+same adapter and samples alike (continuous batching; not while a load or unload waits), else it waits for the next
+batch. A request names a served name, not a version: it is resolved when its batch starts. A name
 unloaded to be loaded again (vLLM's promotion hook unloads, then loads) keeps its requests waiting for the reload,
 up to ``swap_grace_s``, instead of failing them.
 """
@@ -126,13 +128,15 @@ class Fleet:
         self.aliases = {policy.model_name: base}  # the base model by the name its policy was made with, too
         self.created = int(time.time())
         self.unloaded: dict[str, float] = {}  # name -> when it was unloaded
-        self.stats = {"batches": 0, "calls": 0, "largest_batch": 0, "loads": 0, "unloads": 0}
+        self.stats = {"batches": 0, "calls": 0, "largest_batch": 0, "joined": 0, "loads": 0, "unloads": 0}
         self.context = int(getattr(policy, "context_tokens", 0) or 0)  # prompt + completion tokens (0: unknown)
         self.max_waiting, self.reply_timeout_s = max_waiting, reply_timeout_s
         self.callers: OrderedDict[str, str] = OrderedDict()  # tool call id -> the served name that made it
         self._waiting = threading.BoundedSemaphore(max_waiting)
         self.in_flight, self._lock = 0, threading.Lock()  # requests admitted and not yet answered; guards callers
         self._jobs: queue.Queue = queue.Queue()
+        self._later: list[Any] = []  # jobs taken from the queue while a batch ran that did not join it, in order
+        self._fenced = True  # whether the running batch takes no joiners (a control waits, or it cannot)
         threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
 
     # -- the adapters served ------------------------------------------------------------------------------
@@ -482,10 +486,11 @@ class Fleet:
         """Forever: gather what waits, run it; requests for a name being swapped wait for the next round."""
         waiting: list[Any] = []
         while True:
+            later, self._later = self._later, []
             try:
-                jobs = [*waiting, self._jobs.get(timeout=0.02 if waiting else None)]
+                jobs = [*waiting, *later, self._jobs.get(timeout=0.02 if waiting or later else None)]
             except queue.Empty:
-                jobs = list(waiting)
+                jobs = [*waiting, *later]
             deadline = time.monotonic() + self.wait_s
             while (left := deadline - time.monotonic()) > 0:
                 try:
@@ -495,11 +500,12 @@ class Fleet:
             waiting = self._run(jobs)
 
     def _run(self, jobs: list[Any]) -> list[_Job]:
-        """Run controls in order and batch the calls between them; returns the calls left waiting for a reload."""
+        """Run controls in order and batch the calls between them; returns the calls left waiting for a reload.
+        The calls after the last control may be joined by requests that arrive while they decode."""
         waiting, calls = [], []
         for job in jobs:
             if isinstance(job, _Control):
-                self._generate(calls)
+                self._generate(calls, joinable=False)
                 calls = []
                 _settle(job.future, job.run)
                 continue
@@ -520,18 +526,22 @@ class Fleet:
                 job.future.set_exception(exc)
                 continue
             calls.append(job)
-        self._generate(calls)
+        self._generate(calls, joinable=True)
         return waiting
 
-    def _generate(self, calls: list[_Job]) -> None:
-        """One generate call per adapter for the calls gathered."""
+    def _generate(self, calls: list[_Job], joinable: bool) -> None:
+        """One generate call per adapter for the calls gathered; a local policy's may be joined by new requests."""
         groups: dict[str, list[_Job]] = {}
         for job in calls:
             groups.setdefault(job.slot.ref, []).append(job)
+        local = getattr(self.policy, "decoder", None) is not None  # only a local policy hears tokens, takes joiners
+        self._fenced = not (joinable and local)
         for ref, group in groups.items():
             listeners = [j.listener for j in group] if any(j.listener for j in group) else None
             try:
-                extra = {"listeners": listeners} if listeners else {}  # only a local policy hears tokens
+                extra: dict[str, Any] = {"listeners": listeners} if listeners else {}
+                if local:
+                    extra["arrivals"] = self._arrivals(ref)
                 completions = self.policy.generate([j.request for j in group], ref or None, **extra)
             except Exception as exc:  # noqa: BLE001 - the policy never raises; this is a bug, reported per request
                 completions = [Completion(error=f"{type(exc).__name__}: {exc}")] * len(group)
@@ -540,6 +550,38 @@ class Fleet:
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(group))
             for job, completion in zip(group, completions, strict=True):
                 job.future.set_result(completion)
+
+    def _arrivals(self, ref: str) -> Callable[[Callable[[ChatRequest], bool], int], list[Any]]:
+        """What joins a running batch of adapter ``ref``: the queued requests for a name it serves that fit the
+        batch, up to ``room``; the others are kept, in order, for the next round. A control (load, unload) stops the
+        joining: what was queued after it runs after it."""
+
+        def take(fits: Callable[[ChatRequest], bool], room: int) -> list[Any]:
+            joined: list[Any] = []
+            while len(joined) < room and not self._fenced:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                slot = None if isinstance(job, _Control) else self.slots.get(self.aliases.get(job.name, job.name))
+                if slot is None or slot.ref != ref:
+                    self._later.append(job)
+                    self._fenced = isinstance(job, _Control)
+                    continue
+                try:
+                    job.slot, job.request = slot, job.build(slot)
+                except Exception as exc:  # noqa: BLE001 - a request that cannot be made fails alone
+                    job.future.set_exception(exc)
+                    continue
+                if not fits(job.request):
+                    self._later.append(job)
+                    continue
+                joined.append((job.request, job.listener, job.future.set_result))
+            self.stats["calls"] += len(joined)
+            self.stats["joined"] += len(joined)
+            return joined
+
+        return take
 
 
 def _settle(future: Future, run: Callable[[], Any]) -> None:

@@ -198,6 +198,26 @@ def test_a_stream_leaves_as_it_is_generated_and_ends_when_its_client_leaves(serv
     assert stats.decode_tokens - before < 600
 
 
+def test_a_request_that_arrives_while_a_batch_decodes_joins_it(server) -> None:
+    """Continuous batching: a short request sent while a long reply streams is answered before that reply ends,
+    with the very reply it gets alone, and the long reply is the one it is alone too."""
+    url, fleet = server
+    client = _client(url)
+    long = {"model": "L1-life@v1", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 3000}
+    short = {"model": "L1-life@v1", "messages": [{"role": "user", "content": "Book a ride."}], "max_tokens": 8}
+    whole, alone = client.chat.completions.create(**long), client.chat.completions.create(**short)
+    assert whole.usage.completion_tokens == 3000
+    joined, pieces, reply = fleet.stats["joined"], [], None
+    for chunk in client.chat.completions.create(stream=True, **long):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if reply is None and pieces:
+            reply = client.chat.completions.create(**short)  # while the long reply decodes
+    assert fleet.stats["joined"] == joined + 1  # it joined the running batch, not a batch of its own after it
+    assert reply.choices[0].message.content == alone.choices[0].message.content
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
 def _until(done, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while not done() and time.monotonic() < deadline:
