@@ -58,6 +58,23 @@ def supports(model: Any) -> bool:
     return not hasattr(layer.self_attn, "q_norm") and hasattr(layer.mlp, "act_fn")
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a batch picks its tokens: greedy at temperature 0, else a draw at the temperature from what top-k,
+    top-p and min-p keep; the repetition penalty applies in both (1, 0, 1.0 and 0.0: off)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def guesses(self) -> bool:
+        """Whether prompt-lookup guessing holds: greedy picks from the raw logits alone."""
+        return self.temperature <= 0 and self.repetition_penalty == 1
+
+
 @dataclass
 class Stats:
     """Work done since the decoder was made: tokens computed, tokens taken from stored keys and values, seconds."""
@@ -132,8 +149,7 @@ class Decoder:
         *,
         adapter: str | None,
         max_new: int,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
+        sampling: Sampling | None = None,
         seed: int = 0,
         cache_key: str | None = None,
         guides: list[Any] | None = None,
@@ -156,6 +172,7 @@ class Decoder:
         listener returns False ends there (its client left, or its stop sequence came).
         ``scores`` (an empty list per row): filled with each generated token's log-probability under the model (its
         raw logits, before temperature and grammar) and the ``top`` likeliest tokens' (guessing off).
+        ``sampling``: how tokens are picked (default greedy).
         ``arrivals`` (continuous batching): called after each decode step with the number of live rows; the rows
         it returns join the batch at the next step (their prompts are computed then) and leave it when they end, each
         handing its tokens to its own ``Joiner.done``. They decode under this call's adapter and sampling settings.
@@ -163,7 +180,7 @@ class Decoder:
         n = len(rows)
         guides = guides if guides and any(guides) else [None] * n
         own = zip(rows, listeners or [None] * n, guides, scores or [None] * n, strict=True)
-        batch = _Batch(self, adapter, kv_adapter, cache_key, temperature, top_p, seed, top)
+        batch = _Batch(self, adapter, kv_adapter, cache_key, sampling or Sampling(), seed, top)
         batch.add([Joiner(r, max_new, listener, guide, score) for r, listener, guide, score in own])
         while batch.step():
             joining = arrivals(len(batch.active)) if arrivals is not None else []
@@ -372,15 +389,15 @@ class _Batch:
         adapter: str | None,
         kv_adapter: Any,
         cache_key: str | None,
-        temperature: float,
-        top_p: float,
+        sampling: Sampling,
         seed: int,
         top: int,
     ) -> None:
         self.decoder, self.adapter, self.cache_key, self.top = decoder, adapter, cache_key, top
         self.borrowed, self.kv_adapter = kv_adapter is not OWN, adapter if kv_adapter is OWN else kv_adapter
         self.weights = decoder._layers(adapter)
-        self.temperature, self.top_p = temperature, top_p
+        self.sampling = sampling
+        self.seen: torch.Tensor | None = None  # [live slots, vocabulary]: tokens in each row (repetition penalty)
         self.generator = torch.Generator().manual_seed(seed)
         self.joiners: list[Joiner] = []  # per row, in the order rows came
         self.out: list[list[int]] = []
@@ -402,7 +419,7 @@ class _Batch:
         guided, scored = any(j.guide is not None for j in joiners), any(j.scores is not None for j in joiners)
         if self.prefix is None:  # the call's own rows: they set what the batch computes
             self.scoring = scored
-            self.guessing = self.temperature <= 0 and not guided and not scored
+            self.guessing = self.sampling.guesses and not guided and not scored
             shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
             if self.borrowed and len(rows) == 1:
                 shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover it
@@ -442,7 +459,12 @@ class _Batch:
         self.fed = torch.cat([self.fed, torch.zeros(len(rows), dtype=torch.long)])
         raw = _log_softmax(logits, self.scoring)
         self.raw = raw if self.raw is None or raw is None else torch.cat([self.raw, raw])
-        picks = _pick(_masked(logits, joined, self.guides), self.temperature, self.top_p, self.generator)
+        if self.sampling.repetition_penalty != 1:
+            seen = torch.zeros(len(rows), logits.shape[-1], dtype=torch.bool)
+            for slot, i in enumerate(order):
+                seen[slot, rows[i]] = True
+            self.seen = seen if self.seen is None else torch.cat([self.seen, seen])
+        picks = self._pick(logits, joined, self.seen[-len(rows) :] if self.seen is not None else None)
         self.new += [[t] for t in picks.tolist()]
         d.stats.prefill_s += time.perf_counter() - started
 
@@ -478,6 +500,8 @@ class _Batch:
                 return False
             moved = self.cache.keep(keep)
             self.active, self.lengths, self.fed = [self.active[s] for s in moved], self.lengths[moved], self.fed[moved]
+            if self.seen is not None:
+                self.seen = self.seen[moved]
             if self.drafts is not None:
                 self.drafts.keep(moved)
         self._decode()
@@ -496,8 +520,9 @@ class _Batch:
         if width == 1:
             logits = d._logits(hidden[:, 0])
             self.raw = _log_softmax(logits, self.scoring)
-            picks = _pick(_masked(logits, self.active, self.guides), self.temperature, self.top_p, self.generator)
-            self.new = [[t] for t in picks.tolist()]
+            if self.seen is not None:  # the tokens fed this step are in their rows now
+                self.seen[torch.arange(len(outs)), ids[:, 0]] = True
+            self.new = [[t] for t in self._pick(logits, self.active, self.seen).tolist()]
             self.fed += 1
             return
         best = d._logits(hidden).argmax(dim=-1).tolist()  # greedy: a guess stands while it is the argmax
@@ -508,6 +533,13 @@ class _Batch:
             self.fed[slot] += 1 + taken
             self.drafts.judge(slot, len(guess), taken)
         d.stats.guessed_tokens += sum(len(t) - 1 for t in self.new)
+
+    def _pick(self, logits: torch.Tensor, rows: list[int], seen: torch.Tensor | None) -> torch.Tensor:
+        """Each slot's next token: the repetition penalty on the tokens its row holds, its grammar, then the pick."""
+        if seen is not None:
+            p = self.sampling.repetition_penalty
+            logits = torch.where(seen, torch.where(logits > 0, logits / p, logits * p), logits)
+        return _pick(_masked(logits, rows, self.guides), self.sampling, self.generator)
 
     def _shorten(self, shared: int) -> None:
         """Cut the shared prefix to its first ``shared`` tokens; the live rows keep the rest as their own."""
@@ -717,15 +749,22 @@ def _masked(logits: torch.Tensor, rows: list[int], guides: list[Any] | None) -> 
     return logits
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> torch.Tensor:
-    """The next token of each row: argmax, or a draw at the temperature from the top-p nucleus."""
-    if temperature <= 0:
+def _pick(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator) -> torch.Tensor:
+    """The next token of each row: argmax, or a draw at the temperature from the tokens top-k, top-p and min-p
+    keep (in vLLM's order)."""
+    if sampling.temperature <= 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
+    logits = logits / sampling.temperature
+    if 0 < sampling.top_k < logits.shape[-1]:
+        kth = logits.topk(sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if sampling.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p  # keep the smallest set reaching top_p
+        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > sampling.top_p  # keep the smallest set reaching top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
+    if sampling.min_p > 0:
+        probs = probs.masked_fill(probs < sampling.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 

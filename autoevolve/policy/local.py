@@ -16,7 +16,7 @@ import torch
 
 from autoevolve import model as model_loader
 from autoevolve.policy import CallConstraint, ChatRequest, Completion
-from autoevolve.policy.decode import OWN, Decoder, Joiner, Listener, common_prefix, supports
+from autoevolve.policy.decode import OWN, Decoder, Joiner, Listener, Sampling, common_prefix, supports
 
 Engine = Literal["auto", "hf"]
 Arrival = tuple[ChatRequest, Listener | None, Callable[[Completion], None]]  # a request, its listener, its answer
@@ -98,9 +98,9 @@ class LocalPolicy:
         texts = [self._template(r) for r in requests]
         groups: dict[tuple, list[int]] = defaultdict(list)
         for i, r in enumerate(requests):
-            groups[(r.temperature, r.top_p, r.max_new_tokens, r.cache_key, r.reuse_kv_of, r.logprobs)].append(i)
+            groups[(_sampling(r), r.max_new_tokens, r.cache_key, r.reuse_kv_of, r.logprobs)].append(i)
         out: list[Completion | None] = [None] * len(requests)
-        for (temperature, top_p, max_new, cache_key, reuse, logprobs), idx in groups.items():
+        for (sampling, max_new, cache_key, reuse, logprobs), idx in groups.items():
             # Sorting by text puts prompts that share demos side by side, so each batch shares a longer prefix.
             idx.sort(key=lambda i: texts[i])
             for start in range(0, len(idx), self.batch_size):
@@ -112,8 +112,7 @@ class LocalPolicy:
                 results = self._batch(
                     batch,
                     adapter,
-                    temperature,
-                    top_p,
+                    sampling,
                     max_new,
                     seed,
                     cache_key,
@@ -142,8 +141,7 @@ class LocalPolicy:
         self,
         texts: list[str],
         adapter: str | None,
-        temperature: float,
-        top_p: float,
+        sampling: Sampling,
         max_new: int,
         seed: int,
         cache_key: str | None = None,
@@ -161,8 +159,10 @@ class LocalPolicy:
             guides = self._guides(constraints or [])
             torch.manual_seed(seed)
             kwargs: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": self.tokenizer.pad_token_id}
-            if temperature > 0:
-                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+            kwargs["repetition_penalty"] = sampling.repetition_penalty
+            if sampling.temperature > 0:
+                kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p)
+                kwargs.update(top_k=sampling.top_k or None, min_p=sampling.min_p or None)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             with self._adapter(adapter):
@@ -171,8 +171,7 @@ class LocalPolicy:
                         ids,
                         adapter=adapter,
                         max_new=max_new,
-                        temperature=temperature,
-                        top_p=top_p,
+                        sampling=sampling,
                         seed=seed,
                         cache_key=cache_key,
                         guides=guides,
@@ -180,7 +179,7 @@ class LocalPolicy:
                         listeners=listeners,
                         scores=scores,
                         top=logprobs or 0,
-                        arrivals=self._joining(arrivals, (temperature, top_p, cache_key, reuse_kv_of, logprobs), guides)
+                        arrivals=self._joining(arrivals, (sampling, cache_key, reuse_kv_of, logprobs), guides)
                         if arrivals is not None and reuse_kv_of is None
                         else None,
                     )
@@ -218,10 +217,10 @@ class LocalPolicy:
     def _joining(self, arrivals: Arrivals, knobs: tuple, guides: list[Any] | None) -> Callable[[int], list[Joiner]]:
         """The decoder's ``arrivals`` for a running batch: the requests the caller hands over that decode alike
         (equal sampling settings; no grammar where the batch guesses ahead), as rows of their own."""
-        guessing = knobs[0] <= 0 and guides is None and knobs[-1] is None
+        guessing = knobs[0].guesses and guides is None and knobs[-1] is None
 
         def fits(r: ChatRequest) -> bool:
-            alike = (r.temperature, r.top_p, r.cache_key, r.reuse_kv_of, r.logprobs) == knobs
+            alike = (_sampling(r), r.cache_key, r.reuse_kv_of, r.logprobs) == knobs
             return alike and not (guessing and r.constrain is not None)
 
         def joiners(live: int) -> list[Joiner]:
@@ -320,3 +319,10 @@ class GuidedLogits:
             guide.mask(scores[row])
         self.started = True
         return scores
+
+
+def _sampling(request: ChatRequest) -> Sampling:
+    """How a request picks its tokens (requests alike share a batch; greedy ones whatever their top-p, -k, min-p)."""
+    if request.temperature <= 0:
+        return Sampling(repetition_penalty=request.repetition_penalty)
+    return Sampling(request.temperature, request.top_p, request.top_k, request.min_p, request.repetition_penalty)

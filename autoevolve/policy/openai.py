@@ -157,6 +157,9 @@ class OpenAIPolicy:
         }
         if request.tools:
             kwargs["tools"] = request.tools
+        extras = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}  # vLLM's knobs, sent only when set
+        if changed := {k: getattr(request, k) for k, off in extras.items() if getattr(request, k) != off}:
+            kwargs["extra_body"] = changed
         if request.constrain is not None:
             try:
                 kwargs |= constrained(request)

@@ -35,6 +35,16 @@ class ChatRequest(BaseModel):
     top_p: float = 1.0
     max_new_tokens: int = Field(default=96, gt=0)
     seed: int = 0
+    top_k: int = Field(default=0, ge=0, description="Sample from the k likeliest tokens only (0: all).")
+    min_p: float = Field(
+        default=0.0, ge=0, le=1, description="Sample only tokens at least this fraction as likely as the likeliest."
+    )
+    repetition_penalty: float = Field(
+        default=1.0,
+        gt=0,
+        description="Divide the positive logits (multiply the negative) of tokens already in the prompt or the reply "
+        "by this, before picking (1: off), as vLLM and transformers do.",
+    )
     constrain: CallConstraint | None = Field(
         default=None, description="Decode under a tool-call grammar (local) or the server's equivalent (OpenAI)."
     )

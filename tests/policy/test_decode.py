@@ -101,14 +101,26 @@ def test_an_adapter_computed_by_the_decoder_matches_peft(tiny_model_dir, tmp_pat
     assert [c.text for c in mine] != [c.text for c in fast.generate(requests)]  # the adapter changes the output
 
 
-def test_sampling_is_seeded() -> None:
-    from autoevolve.policy.decode import _pick
+def test_sampling_is_seeded_and_kept_to_top_p_top_k_and_min_p() -> None:
+    from autoevolve.policy.decode import Sampling, _pick
 
     logits = torch.randn(4, 50)
-    draw = [_pick(logits, 1.0, 0.9, torch.Generator().manual_seed(s)).tolist() for s in (1, 1, 2)]
+    draw = [_pick(logits, Sampling(1.0, 0.9), torch.Generator().manual_seed(s)).tolist() for s in (1, 1, 2)]
     assert draw[0] == draw[1] and draw[0] != draw[2]
-    nucleus = _pick(torch.tensor([[5.0, 4.9, -20.0, -20.0]]).repeat(64, 1), 1.0, 0.5, torch.Generator())
+    likely = torch.tensor([[5.0, 4.9, 4.0, -20.0]]).repeat(256, 1)
+    nucleus = _pick(likely[:, [0, 1, 3, 3]], Sampling(1.0, 0.5), torch.Generator())
     assert set(nucleus.tolist()) <= {0, 1}  # top-p keeps the two likely tokens only
+    assert set(_pick(likely, Sampling(1.0), torch.Generator().manual_seed(0)).tolist()) == {0, 1, 2}
+    assert set(_pick(likely, Sampling(1.0, top_k=2), torch.Generator()).tolist()) == {0, 1}
+    assert set(_pick(likely, Sampling(1.0, min_p=0.5), torch.Generator()).tolist()) == {0, 1}  # e^-1 < 0.5 of the best
+
+
+def test_the_repetition_penalty_picks_what_transformers_picks(pair) -> None:  # noqa: ANN001
+    fast, reference = pair
+    requests = [r.model_copy(update={"repetition_penalty": 0.3}) for r in _requests(4, 16)]  # below 1: repeat
+    mine, theirs, plain = fast.generate(requests), reference.generate(requests), fast.generate(_requests(4, 16))
+    assert all(_same_or_tied(reference, r, a.text, b.text) for r, a, b in zip(requests, mine, theirs, strict=True))
+    assert [c.text for c in mine] != [c.text for c in plain]  # it changes what greedy decoding picks
 
 
 def test_other_architectures_use_generate(tmp_path, tokenizer) -> None:

@@ -68,6 +68,9 @@ def test_same_tokens_as_local_and_adapter_is_the_model_name(server, tiny_policy)
     assert [c.completion_tokens for c in remote] == [c.completion_tokens for c in local]
     assert {b["model"] for b in seen[-3:]} == {"L1-life@v2"}
     assert _policy(url).generate(requests[:1])[0].text == local[0].text and seen[-1]["model"] == "base-model"
+    assert not {"top_k", "min_p", "repetition_penalty"} & set(seen[-1])  # vLLM's extras only when set
+    _policy(url).generate([requests[0].model_copy(update={"top_k": 5, "repetition_penalty": 1.1})])
+    assert (seen[-1]["top_k"], seen[-1]["repetition_penalty"]) == (5, 1.1) and "min_p" not in seen[-1]
 
 
 def test_native_tool_calls_come_back_structured(server) -> None:

@@ -65,6 +65,7 @@ def harnessed_call(
             seed=seed,
             constrain=constrain,
             logprobs=body.scores(),
+            **body.extras(),
         )
         return request, View(None, None, tools, parallel)
     if routing:  # the entry expert: change_model, and of the request's tools those its harness was trained with
@@ -117,6 +118,7 @@ def _sampled(config: HCPConfig, body: ChatBody, messages: list, native: Any, **e
         max_new_tokens=body.max_new or s.max_new_tokens,
         seed=body.seed or 0,
         logprobs=body.scores(),
+        **body.extras(),
         **extra,
     )
 

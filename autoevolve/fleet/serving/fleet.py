@@ -256,6 +256,7 @@ class Fleet:
                 max_new_tokens=body.max_new or TEXT_MAX_TOKENS,
                 seed=body.seed or 0,
                 logprobs=body.scores(),
+                **body.extras(),
             )
             return request, View(None, None, [], False)
 

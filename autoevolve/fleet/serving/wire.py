@@ -4,10 +4,10 @@ Requests follow the chat-completions reference: ``messages`` (system/developer, 
 ``tool_calls``, tool with ``tool_call_id``), ``tools``, ``tool_choice``, ``parallel_tool_calls``, ``temperature``,
 ``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``, ``stream`` with ``stream_options``, ``n``
 (up to ``MAX_CHOICES``, not streamed), ``logprobs`` with ``top_logprobs``, ``response_format``; ``/v1/completions``
-takes its own body (``CompletionBody``). Fields the server cannot honour (``logprobs`` with ``stream``, a
-``response_format`` that is not text, json_object or json_schema, and vLLM's ``top_k``, ``min_p`` and
-``repetition_penalty`` at other than their neutral values) are refused with a 400 naming the field; fields that do
-not change the reply (``user``, ``store``, ...) are ignored, as vLLM does.
+takes its own body (``CompletionBody``). vLLM's sampling extras ``top_k``, ``min_p`` and ``repetition_penalty`` are
+honoured too. Fields the server cannot honour (``logprobs`` with ``stream``, a ``response_format`` that is not text,
+json_object or json_schema) are refused with a 400 naming the field; fields that do not change the reply (``user``,
+``store``, ...) are ignored, as vLLM does.
 ``metadata`` (a string map in the reference) fills the harness's memory template (e.g. ``today``, ``user``).
 """
 
@@ -43,11 +43,6 @@ class WireError(ValueError):
 MAX_MESSAGES = 1024  # messages in one request
 MAX_TOOLS = 128  # tools offered in one request (OpenAI's own limit)
 MAX_CHOICES = 16  # n: choices of one request (each generated as a request of its own, batched together)
-NEUTRAL = {
-    "top_k": (None, 0, -1),
-    "min_p": (None, 0.0),
-    "repetition_penalty": (None, 1.0),
-}  # values that change nothing
 
 
 class SamplingBody(BaseModel):
@@ -64,9 +59,9 @@ class SamplingBody(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     n: int = 1
-    top_k: int | None = None  # vLLM's sampling extras: refused unless neutral (see NEUTRAL)
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's sampling extras (-1 or 0: all tokens)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repetition_penalty: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_choice_as_sampled(self) -> SamplingBody:
@@ -75,10 +70,15 @@ class SamplingBody(BaseModel):
             raise ValueError(f"n: 1 to {MAX_CHOICES} choices per request are served")
         if self.n > 1 and self.stream:
             raise ValueError("n: several choices are served without stream; send n=1 to stream")
-        for name, neutral in NEUTRAL.items():
-            if getattr(self, name) not in neutral:
-                raise ValueError(f"{name}: not served; leave it unset (or {neutral[-1]})")
         return self
+
+    def extras(self) -> dict[str, Any]:
+        """vLLM's sampling extras as a request's fields (unset: off)."""
+        return {
+            "top_k": max(self.top_k or 0, 0),
+            "min_p": self.min_p or 0.0,
+            "repetition_penalty": 1.0 if self.repetition_penalty is None else self.repetition_penalty,
+        }
 
     @property
     def max_new(self) -> int | None:

@@ -198,6 +198,20 @@ def test_a_stream_leaves_as_it_is_generated_and_ends_when_its_client_leaves(serv
     assert stats.decode_tokens - before < 600
 
 
+def test_vllm_sampling_extras_are_honoured(server) -> None:
+    """top_k 1 (or min_p 1) at temperature 1 draws the greedy reply; a repetition penalty changes it."""
+    url, _ = server
+    client = _client(url)
+    ask = {"model": "L1-life@v1", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 24}
+    greedy = client.chat.completions.create(temperature=0, **ask).choices[0].message.content
+    sampled = client.chat.completions.create(temperature=1, seed=3, **ask).choices[0].message.content
+    for knob in ({"top_k": 1}, {"min_p": 1.0}):
+        drawn = client.chat.completions.create(temperature=1, seed=3, extra_body=knob, **ask)
+        assert drawn.choices[0].message.content == greedy != sampled
+    penalised = client.chat.completions.create(temperature=0, extra_body={"repetition_penalty": 0.2}, **ask)
+    assert penalised.choices[0].message.content != greedy
+
+
 def test_a_request_that_arrives_while_a_batch_decodes_joins_it(server) -> None:
     """Continuous batching: a short request sent while a long reply streams is answered before that reply ends,
     with the very reply it gets alone, and the long reply is the one it is alone too."""

@@ -26,9 +26,9 @@ USER = [{"role": "user", "content": "hi"}]
         ({"response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format: text, json_object"),
         ({"tool_choice": "maybe"}, "tool_choice: 'maybe' is not none, auto, required or a named function"),
         ({"temperature": 3}, "less than or equal to 2"),
-        ({"top_k": 40}, "top_k: not served; leave it unset \\(or -1\\)"),
-        ({"min_p": 0.1}, "min_p: not served"),
-        ({"repetition_penalty": 1.2}, "repetition_penalty: not served"),
+        ({"top_k": -2}, "top_k\n  Input should be greater than or equal to -1"),
+        ({"min_p": 1.5}, "min_p\n  Input should be less than or equal to 1"),
+        ({"repetition_penalty": 0}, "repetition_penalty\n  Input should be greater than 0"),
     ],
 )
 def test_a_body_the_server_cannot_honour_is_refused(extra: dict, message: str) -> None:
@@ -39,6 +39,9 @@ def test_a_body_the_server_cannot_honour_is_refused(extra: dict, message: str) -
 def test_unknown_fields_are_ignored_and_limits_read_from_either_name() -> None:
     body = ChatBody(model="m", messages=USER, max_completion_tokens=7, user="u-1", store=False, stop="END", top_k=-1)
     assert (body.max_new, body.stops, body.forced_tool()) == (7, ["END"], None)
+    assert body.extras() == {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}  # vLLM's -1: every token
+    knobs = ChatBody(model="m", messages=USER, top_k=40, min_p=0.05, repetition_penalty=1.2).extras()
+    assert knobs == {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.2}
     named = ChatBody(model="m", messages=USER, tool_choice={"type": "function", "function": {"name": "f"}})
     assert named.forced_tool() == "f"
     with pytest.raises(WireError, match="at most 4 sequences"):
