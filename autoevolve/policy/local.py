@@ -154,6 +154,9 @@ class LocalPolicy:
         """Generate for one batch; an exception fails the batch's requests, not the caller."""
         started = time.perf_counter()
         scores: list[list[Any]] | None = [[] for _ in texts] if logprobs is not None else None
+        joining = None
+        if arrivals is not None and reuse_kv_of is None and self.decoder is not None and self.decoder.serves(adapter):
+            joining = _Joining(self, arrivals, (sampling, cache_key, reuse_kv_of, logprobs), any(constraints or []))
         try:
             ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
             guides = self._guides(constraints or [])
@@ -179,9 +182,7 @@ class LocalPolicy:
                         listeners=listeners,
                         scores=scores,
                         top=logprobs or 0,
-                        arrivals=self._joining(arrivals, (sampling, cache_key, reuse_kv_of, logprobs), guides)
-                        if arrivals is not None and reuse_kv_of is None
-                        else None,
+                        arrivals=joining,
                     )
                 else:
                     if scores is not None:
@@ -195,7 +196,10 @@ class LocalPolicy:
                         if listener is not None:
                             listener(row[: next((k for k, t in enumerate(row) if t in self._stop_ids), len(row))])
         except Exception as exc:  # noqa: BLE001 - a broken batch becomes failed completions
-            return [Completion(error=f"generation failed: {type(exc).__name__}: {exc}") for _ in texts]
+            error = f"generation failed: {type(exc).__name__}: {exc}"
+            if joining is not None:
+                joining.fail(error)
+            return [Completion(error=error) for _ in texts]
         elapsed = time.perf_counter() - started
         return [
             self._completion(row, len(prompt), elapsed, scores[k] if scores is not None else None)
@@ -213,38 +217,6 @@ class LocalPolicy:
             latency_s=elapsed,
             logprobs=scored[:n] if scored is not None else None,
         )
-
-    def _joining(self, arrivals: Arrivals, knobs: tuple, guides: list[Any] | None) -> Callable[[int], list[Joiner]]:
-        """The decoder's ``arrivals`` for a running batch: the requests the caller hands over that decode alike
-        (equal sampling settings; no grammar where the batch guesses ahead), as rows of their own."""
-        guessing = knobs[0].guesses and guides is None and knobs[-1] is None
-
-        def fits(r: ChatRequest) -> bool:
-            alike = (_sampling(r), r.cache_key, r.reuse_kv_of, r.logprobs) == knobs
-            return alike and not (guessing and r.constrain is not None)
-
-        def joiners(live: int) -> list[Joiner]:
-            rows = []
-            for request, listener, answer in arrivals(fits, self.batch_size - live):
-                try:
-                    tokens = self._encode_text(request)
-                    guide = (self._guides([request.constrain]) or [None])[0]
-                except Exception as exc:  # noqa: BLE001 - a request that cannot join fails alone
-                    answer(Completion(error=f"generation failed: {type(exc).__name__}: {exc}"))
-                    continue
-                scores: list | None = [] if request.logprobs is not None else None
-                done = self._answer(answer, len(tokens), scores)
-                rows.append(Joiner(tokens, request.max_new_tokens, listener, guide, scores, done))
-            return rows
-
-        return joiners
-
-    def _answer(
-        self, answer: Callable[[Completion], None], prompt: int, scores: list | None
-    ) -> Callable[[list[int]], None]:
-        """A joined row's end: its tokens as a completion, handed to its caller."""
-        started = time.perf_counter()
-        return lambda out: answer(self._completion(out, prompt, time.perf_counter() - started, scores))
 
     def _guides(self, constraints: list[CallConstraint | None]) -> list[Any] | None:
         """A grammar matcher per constrained row (None for a free one); None when no row is constrained."""
@@ -302,6 +274,54 @@ class LocalPolicy:
         eos = self.base.generation_config.eos_token_id
         ids = set(eos if isinstance(eos, list) else [eos]) | {self.tokenizer.eos_token_id}
         return {i for i in ids if i is not None} | ({self.tokenizer.pad_token_id} - {None})
+
+
+class _Joining:
+    """The decoder's ``arrivals`` for one running batch: the requests the caller hands over that decode alike (equal
+    sampling settings; no grammar where the batch guesses ahead) become rows, each answered when it ends, or with
+    the batch's error if the batch breaks first."""
+
+    def __init__(self, policy: LocalPolicy, arrivals: Arrivals, knobs: tuple, guided: bool) -> None:
+        self.policy, self.arrivals, self.knobs = policy, arrivals, knobs
+        self.guessing = knobs[0].guesses and not guided and knobs[-1] is None
+        self.open: dict[int, Callable[[Completion], None]] = {}  # rows joined and not ended -> their answer
+
+    def fits(self, r: ChatRequest) -> bool:
+        alike = (_sampling(r), r.cache_key, r.reuse_kv_of, r.logprobs) == self.knobs
+        return alike and not (self.guessing and r.constrain is not None)
+
+    def __call__(self, live: int) -> list[Joiner]:
+        rows = []
+        for request, listener, answer in self.arrivals(self.fits, self.policy.batch_size - live):
+            try:
+                tokens = self.policy._encode_text(request)
+                guide = (self.policy._guides([request.constrain]) or [None])[0]
+            except Exception as exc:  # noqa: BLE001 - a request that cannot join fails alone
+                answer(Completion(error=f"generation failed: {type(exc).__name__}: {exc}"))
+                continue
+            scores: list | None = [] if request.logprobs is not None else None
+            rows.append(
+                Joiner(tokens, request.max_new_tokens, listener, guide, scores, self._done(answer, len(tokens), scores))
+            )
+        return rows
+
+    def fail(self, error: str) -> None:
+        """The batch broke: every row that joined it and is still open fails with its error."""
+        for answer in self.open.values():
+            answer(Completion(error=error))
+        self.open.clear()
+
+    def _done(
+        self, answer: Callable[[Completion], None], prompt: int, scores: list | None
+    ) -> Callable[[list[int]], None]:
+        key, started = id(answer), time.perf_counter()
+        self.open[key] = answer
+
+        def done(out: list[int]) -> None:
+            del self.open[key]
+            answer(self.policy._completion(out, prompt, time.perf_counter() - started, scores))
+
+        return done
 
 
 class GuidedLogits:

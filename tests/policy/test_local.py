@@ -74,3 +74,37 @@ def test_named_adapters_switch_and_none_is_the_base(tiny_model_dir, tmp_path) ->
     assert isinstance(policy.base.model.layers[0].self_attn.q_proj, torch.nn.Linear) and not policy.adapters
     policy.add_adapter("again", str(tmp_path / "a"))
     assert [c.text for c in policy.generate(requests, "again")] == with_adapter
+
+
+def test_a_request_joins_a_running_batch_and_fails_with_it_if_it_breaks(tiny_policy: LocalPolicy, monkeypatch) -> None:
+    from autoevolve.policy import decode
+
+    ask = ChatRequest(messages=[{"role": "user", "content": "Hello"}], max_new_tokens=8)
+    other = ChatRequest(messages=[{"role": "user", "content": "Book a table"}], max_new_tokens=4)
+    sampled = other.model_copy(update={"temperature": 0.7})
+    answers: list = []
+    offers: list[int] = []
+
+    def arrivals(fits, room: int) -> list:  # noqa: ANN001
+        offers.append(room)  # two requests arrive once, after the first step: the greedy one fits, not the sampled
+        return [(r, None, answers.append) for r in (other, sampled) if fits(r)] if len(offers) == 1 else []
+
+    [alone] = tiny_policy.generate([other])
+    [first] = tiny_policy.generate([ask], arrivals=arrivals)
+    assert first.completion_tokens == 8 and offers[0] == tiny_policy.batch_size - 1
+    assert [a.text for a in answers] == [alone.text] and answers[0].completion_tokens == 4
+
+    real, steps = decode._Batch.step, []
+
+    def breaking(self) -> bool:  # noqa: ANN001
+        steps.append(1)
+        if len(steps) == 3:
+            raise RuntimeError("out of memory")
+        return real(self)
+
+    monkeypatch.setattr(decode._Batch, "step", breaking)
+    answers.clear()
+    offers.clear()
+    [failed] = tiny_policy.generate([ask], arrivals=arrivals)
+    assert failed.error == "generation failed: RuntimeError: out of memory"
+    assert [a.error for a in answers] == [failed.error]  # the row that joined is answered, not left waiting
