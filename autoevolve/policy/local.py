@@ -16,7 +16,8 @@ import torch
 
 from autoevolve import model as model_loader
 from autoevolve.policy import CallConstraint, ChatRequest, Completion
-from autoevolve.policy.decode import OWN, Decoder, Joiner, Listener, Sampling, common_prefix, supports
+from autoevolve.policy.batch import Joiner, Listener, Sampling, common_prefix
+from autoevolve.policy.decode import OWN, Decoder, supports
 
 Engine = Literal["auto", "hf"]
 Arrival = tuple[ChatRequest, Listener | None, Callable[[Completion], None]]  # a request, its listener, its answer

@@ -102,7 +102,7 @@ def test_an_adapter_computed_by_the_decoder_matches_peft(tiny_model_dir, tmp_pat
 
 
 def test_sampling_is_seeded_and_kept_to_top_p_top_k_and_min_p() -> None:
-    from autoevolve.policy.decode import Sampling, _pick
+    from autoevolve.policy.batch import Sampling, _pick
 
     logits = torch.randn(4, 50)
     draw = [_pick(logits, Sampling(1.0, 0.9), torch.Generator().manual_seed(s)).tolist() for s in (1, 1, 2)]
@@ -135,15 +135,15 @@ def test_other_architectures_use_generate(tmp_path, tokenizer) -> None:
 
 
 def test_guessed_tokens_are_kept_only_where_the_model_agrees(pair, monkeypatch) -> None:  # noqa: ANN001
-    import autoevolve.policy.decode as decode
+    import autoevolve.policy.batch as batch
 
     fast, _ = pair
     rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(3, 4)]  # noqa: SLF001
     decoder = Decoder(fast.base, set())
-    monkeypatch.setattr(decode, "GUESS_BUDGET", 0)  # one token per step
+    monkeypatch.setattr(batch, "GUESS_BUDGET", 0)  # one token per step
     plain = decoder.generate(rows, adapter=None, max_new=12)
     steps = decoder.stats.decode_steps
-    monkeypatch.setattr(decode, "GUESS_BUDGET", 40)
+    monkeypatch.setattr(batch, "GUESS_BUDGET", 40)
 
     def guesses(right: bool):  # noqa: ANN202
         def guess(self, outs: list[list[int]], max_new: int) -> list[list[int]]:  # noqa: ANN001
@@ -156,7 +156,7 @@ def test_guessed_tokens_are_kept_only_where_the_model_agrees(pair, monkeypatch) 
         return guess
 
     for right, fewer in ((True, True), (False, False)):
-        monkeypatch.setattr(decode._Guesses, "guess", guesses(right))  # noqa: SLF001
+        monkeypatch.setattr(batch.Guesses, "guess", guesses(right))
         mark = (decoder.stats.decode_steps, decoder.stats.guessed_tokens)
         assert decoder.generate(rows, adapter=None, max_new=12) == plain
         taken, guessed = decoder.stats.decode_steps - mark[0], decoder.stats.guessed_tokens - mark[1]
@@ -176,10 +176,10 @@ def test_a_packed_projection_computes_what_linear_computes() -> None:
 
 
 def test_rows_leaving_move_only_the_live_rows_past_the_end(pair) -> None:  # noqa: ANN001
-    from autoevolve.policy.decode import _Rows
+    from autoevolve.policy.batch import Rows
 
     fast, _ = pair
-    cache = _Rows.allocate(fast.decoder, [3, 5, 2, 4, 1], max_new=2)
+    cache = Rows.allocate(fast.decoder, [3, 5, 2, 4, 1], max_new=2)
     for slot in range(5):
         cache.k[0][slot] = slot
     before = cache.k[0].data_ptr()
@@ -224,7 +224,7 @@ def test_a_row_may_start_from_the_keys_and_values_another_adapter_computed(tiny_
 def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(pair) -> None:  # noqa: ANN001
     """Continuous batching: one row starts (its whole prompt is the batch's prefix), others join after 2 and 5
     steps with prompts that share only part of it; every row decodes what it decodes alone, to its own limit."""
-    from autoevolve.policy.decode import Joiner
+    from autoevolve.policy.batch import Joiner
 
     fast, _ = pair
     decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
@@ -255,7 +255,7 @@ def test_rows_joining_a_running_batch_get_the_tokens_they_get_alone(pair) -> Non
 
 
 def test_a_guided_row_does_not_join_a_batch_that_guesses(pair) -> None:  # noqa: ANN001
-    from autoevolve.policy.decode import Joiner
+    from autoevolve.policy.batch import Joiner
 
     fast, _ = pair
     decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001

@@ -77,7 +77,7 @@ def test_named_adapters_switch_and_none_is_the_base(tiny_model_dir, tmp_path) ->
 
 
 def test_a_request_joins_a_running_batch_and_fails_with_it_if_it_breaks(tiny_policy: LocalPolicy, monkeypatch) -> None:
-    from autoevolve.policy import decode
+    from autoevolve.policy import batch
 
     ask = ChatRequest(messages=[{"role": "user", "content": "Hello"}], max_new_tokens=8)
     other = ChatRequest(messages=[{"role": "user", "content": "Book a table"}], max_new_tokens=4)
@@ -94,7 +94,7 @@ def test_a_request_joins_a_running_batch_and_fails_with_it_if_it_breaks(tiny_pol
     assert first.completion_tokens == 8 and offers[0] == tiny_policy.batch_size - 1
     assert [a.text for a in answers] == [alone.text] and answers[0].completion_tokens == 4
 
-    real, steps = decode._Batch.step, []
+    real, steps = batch.Batch.step, []
 
     def breaking(self) -> bool:  # noqa: ANN001
         steps.append(1)
@@ -102,7 +102,7 @@ def test_a_request_joins_a_running_batch_and_fails_with_it_if_it_breaks(tiny_pol
             raise RuntimeError("out of memory")
         return real(self)
 
-    monkeypatch.setattr(decode._Batch, "step", breaking)
+    monkeypatch.setattr(batch.Batch, "step", breaking)
     answers.clear()
     offers.clear()
     [failed] = tiny_policy.generate([ask], arrivals=arrivals)
