@@ -6,6 +6,7 @@ end); any other architecture, or ``engine="hf"``, uses ``model.generate``.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -285,7 +286,8 @@ class _Joining:
     def __init__(self, policy: LocalPolicy, arrivals: Arrivals, knobs: tuple, guided: bool) -> None:
         self.policy, self.arrivals, self.knobs = policy, arrivals, knobs
         self.guessing = knobs[0].guesses and not guided and knobs[-1] is None
-        self.open: dict[int, Callable[[Completion], None]] = {}  # rows joined and not ended -> their answer
+        self.open: dict[int, Callable[[Completion], None]] = {}  # rows joined and not ended (by number) -> answer
+        self.numbers = itertools.count()
 
     def fits(self, r: ChatRequest) -> bool:
         alike = (_sampling(r), r.cache_key, r.reuse_kv_of, r.logprobs) == self.knobs
@@ -315,7 +317,7 @@ class _Joining:
     def _done(
         self, answer: Callable[[Completion], None], prompt: int, scores: list | None
     ) -> Callable[[list[int]], None]:
-        key, started = id(answer), time.perf_counter()
+        key, started = next(self.numbers), time.perf_counter()
         self.open[key] = answer
 
         def done(out: list[int]) -> None:

@@ -521,12 +521,8 @@ class Fleet:
                     )
                 )
                 continue
-            try:
-                job.slot, job.request = slot, job.build(slot)
-            except Exception as exc:  # noqa: BLE001 - a request that cannot be made fails alone
-                job.future.set_exception(exc)
-                continue
-            calls.append(job)
+            if _built(job, slot):
+                calls.append(job)
         self._generate(calls, joinable=True)
         return waiting
 
@@ -569,10 +565,7 @@ class Fleet:
                     self._later.append(job)
                     self._fenced = isinstance(job, _Control)
                     continue
-                try:
-                    job.slot, job.request = slot, job.build(slot)
-                except Exception as exc:  # noqa: BLE001 - a request that cannot be made fails alone
-                    job.future.set_exception(exc)
+                if not _built(job, slot):
                     continue
                 if not fits(job.request):
                     self._later.append(job)
@@ -583,6 +576,16 @@ class Fleet:
             return joined
 
         return take
+
+
+def _built(job: _Job, slot: Slot) -> bool:
+    """Make a call's request for the slot it resolved to; a request that cannot be made fails alone."""
+    try:
+        job.slot, job.request = slot, job.build(slot)
+    except Exception as exc:  # noqa: BLE001 - its caller gets the exception
+        job.future.set_exception(exc)
+        return False
+    return True
 
 
 def _settle(future: Future, run: Callable[[], Any]) -> None:
