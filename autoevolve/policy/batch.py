@@ -105,6 +105,7 @@ class Batch:
         if self.prefix is None:  # the call's own rows: they set what the batch computes
             self.scoring = scored
             self.guessing = self.sampling.guesses and not guided and not scored
+            self.drafts = Guesses() if self.guessing else None
             shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
             if self.borrowed and len(rows) == 1:
                 shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover it
@@ -134,9 +135,7 @@ class Batch:
         if self.guides is not None:
             self.guides += [j.guide for j in joiners]
         joined = [first + i for i in order]
-        if self.guessing:
-            if self.drafts is None:
-                self.drafts = Guesses()
+        if self.drafts is not None:
             self.drafts.add([rows[i] for i in order])
         self.cache = cache if self.cache is None else self.cache.extend(cache)
         self.active += joined
