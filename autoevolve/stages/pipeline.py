@@ -172,7 +172,11 @@ def stage_select(r: Round) -> Selection:
     kept = [evolved.configs[c.hcp_id] for c in evolved.candidates if c.status == "keep" and c.hcp_id != r.original.id]
     order = [evolved.best] + [h for h in reversed(kept) if h.id != evolved.best.id]
     sampled = best_per_tier(r, evolved) if s.best_of > 1 else None
-    return select(r.bench, r.original, order, tasks, s, adapter=r.base_ref, sampled=sampled)
+    budget = None
+    if s.rollouts is not None:  # what the search left of its budget is harvested too
+        limit = r.config.evolve.budget.rollouts
+        budget = s.rollouts + max(0, limit - evolved.budget.get("rollouts", limit)) if limit else s.rollouts
+    return select(r.bench, r.original, order, tasks, s, adapter=r.base_ref, sampled=sampled, budget=budget)
 
 
 def best_per_tier(r: Round, evolved: EvolveResult) -> dict[int, HCPConfig]:

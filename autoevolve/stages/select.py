@@ -3,13 +3,17 @@
 Per task, each evolved config's mean reward over its samples is compared with the original config's mean; a
 config that beats it by more than the margin contributes its best samples (distinct conversations, each reaching
 ``min_reward``), up to ``max_per_task``. With ``best_of`` > 1 a sampled copy of each tier's best config (its
-temperature raised) adds that many samples on each task of that tier the original has not solved, each of which
-wins on its own reward: rejection sampling against the environment's own scorer, so a round whose search moved
-little still finds rollouts that beat the live adapter. Their sample numbers start at ``round * best_of``, so
-each round draws new ones. Then no tier may keep more than ``tier_ratio`` times the items of the harder tier
-with the fewest, so easy tasks do not dominate and a hard tier is never cut to make room for an easy one. Each
-item names the baseline rollout it beat (the original's lowest-reward sample), which also makes the (chosen,
-rejected) pairs for preference training.
+temperature raised) adds that many samples on each task of that tier not won yet, each of which wins on its own
+reward: rejection sampling against the environment's own scorer, so a round whose search moved little still finds
+rollouts that beat the live adapter. With a rollout budget (``select.rollouts``), harvest passes follow: the tier's
+sampled config on the tasks still not won, pass after pass, until the budget is spent; with ``own_demos`` each pass
+shows, as nearest demos, the full-reward rollouts won so far, so the teacher grows with its own wins. A round's
+samples are numbered from ``round * ROUND_SAMPLES``, so each round draws new ones. The original config is rolled
+out only where something won (the rest has nothing to pair), and a task it is known to solve (its rollouts stored
+before, by a curriculum's plan) is not sampled. Then no tier may keep more than ``tier_ratio`` times the items of
+the harder tier with the fewest, so easy tasks do not dominate and a hard tier is never cut to make room for an
+easy one. Each item names the baseline rollout it beat (the original's lowest-reward sample), which also makes the
+(chosen, rejected) pairs for preference training.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ import json
 import math
 from collections import defaultdict
 
-from autoevolve.harness.hcp import HCPConfig
+from autoevolve.harness.hcp import Demo, HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, SelectedTrajectory, Selection, Task, Trajectory
 from autoevolve.stages.settings import SelectSettings
 from autoevolve.stats import mean
+
+ROUND_SAMPLES = 100_000  # a round's samples are numbered from round x this: best_of's first, then the passes'
 
 
 def select(
@@ -35,35 +41,52 @@ def select(
     *,
     adapter: str = "",
     sampled: dict[int, HCPConfig] | None = None,
+    budget: int | None = None,
 ) -> Selection:
     """Pair rollouts per task and keep the evolved ones that beat the original's (see the module docstring).
 
     ``evolved`` lists the configs whose rollouts may be kept, best first: the best config is rolled out on
     every task ``settings.samples`` times; rollouts of the others already in the store (from the search) are used as
-    they are; ``sampled`` (tier -> config, if given) is rolled out ``settings.best_of`` times on that tier's unsolved
-    tasks. A kept rollout must reach ``settings.min_reward``: partial successes would teach the adapter their mistakes.
+    they are; ``sampled`` (tier -> config, if given) is rolled out ``settings.best_of`` times on that tier's open
+    tasks. With a ``budget``, harvest passes follow until it is spent (``harvest``). A kept rollout must reach
+    ``settings.min_reward``: partial successes would teach the adapter their mistakes.
     """
     s = settings or SelectSettings()
-    samples, best_of = s.samples, s.best_of
-    baseline = _by_task(bench.rollouts(original, tasks, adapter=adapter, stage="select", samples=samples))
-    pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=samples)]
     ids = [t.id for t in tasks]
+    pools = [bench.rollouts(evolved[0], tasks, adapter=adapter, stage="select", samples=s.samples)]
     pools += [bench.store.trajectories(bench.run_id, hcp_id=h.id, adapter=adapter, task_ids=ids) for h in evolved[1:]]
     by_config = [_by_task(pool) for pool in pools]
-    draws: dict[str, list[Trajectory]] = {}
-    unsolved = [t for t in tasks if mean([b.reward for b in baseline[t.id]]) < 1.0]  # nothing beats a full score
-    first = bench.round * best_of
+    draws: dict[str, list[Trajectory]] = defaultdict(list)
+    solved = _solved(bench, original, adapter, ids, s.samples)
+    first = bench.round * ROUND_SAMPLES
+
+    def won() -> list[Trajectory]:  # full-reward rollouts so far, the best config's first
+        rolled = [t for pool in pools for t in pool] + [t for v in draws.values() for t in v]
+        return [t for t in rolled if t.reward >= s.min_reward and not t.error]
+
+    def open_tasks(tier: int | None = None) -> list[Task]:  # not won yet, and not known solved by the original
+        done = solved | {t.task_id for t in won()}
+        return [t for t in tasks if t.id not in done and tier in (None, t.tier)]
+
     for tier, config in sorted((sampled or {}).items()):
-        todo = [t for t in unsolved if t.tier == tier]
-        if todo:
-            draws |= _by_task(bench.rollouts(config, todo, adapter, "select", samples=best_of, first_sample=first))
+        for t in bench.rollouts(config, open_tasks(tier), adapter, "select", samples=s.best_of, first_sample=first):
+            draws[t.task_id].append(t)
+    if budget is not None:
+        left = budget - len(tasks) * s.samples - sum(len(v) for v in draws.values())
+        configs = {t.tier: (sampled or {}).get(t.tier) or evolved[0].sampled(s.temperature) for t in tasks}
+        demos = won() if s.own_demos else None
+        for t in harvest(bench, configs, open_tasks(), left, adapter, first + s.best_of, s.min_reward, demos):
+            draws[t.task_id].append(t)
+    candidates = {t.task_id for t in won()}
+    in_play = [t for t in tasks if t.id in candidates]  # the original is rolled out where something may beat it
+    baseline = _by_task(bench.rollouts(original, in_play, adapter=adapter, stage="select", samples=s.samples))
     tiers = {t.id: t.tier for t in tasks}
     kept: list[tuple[Trajectory, Trajectory]] = []
     for task_id, base in sorted(baseline.items()):
         bar = mean([t.reward for t in base]) + s.margin
         winners = [trajs[task_id] for trajs in by_config if mean([t.reward for t in trajs.get(task_id, [])]) > bar]
         wins = [t for trajs in winners for t in trajs]  # a config wins by its mean: one lucky sample is not a win
-        wins += [t for t in draws.get(task_id, []) if t.reward > bar]  # a rejection sample wins on its own
+        wins += [t for t in draws.get(task_id, []) if t.reward > bar]  # a sample wins on its own
         worst = min(base, key=lambda t: t.reward)  # first of equals
         kept += [(t, worst) for t in _best_distinct(wins, s.min_reward, s.max_per_task)]
     kept = _balance(kept, tiers, s.tier_ratio)
@@ -79,6 +102,56 @@ def select(
     )
     bench.store.put_selection(selection)
     return selection
+
+
+def harvest(
+    bench: Workbench,
+    configs: dict[int, HCPConfig],
+    todo: list[Task],
+    budget: int,
+    adapter: str,
+    first_sample: int,
+    min_reward: float,
+    demos: list[Trajectory] | None = None,
+) -> list[Trajectory]:
+    """Sampled passes over the tasks not yet won, each under its tier's config, until ``budget`` rollouts are made
+    or every task is won (reaches ``min_reward``). Given ``demos`` (full-reward rollouts), a config that picks its
+    demos by nearness picks among them and each pass's wins too: a request phrased unlike every labelled demo finds
+    a win phrased like it."""
+    made: list[Trajectory] = []
+    shown = [Demo(task_id=t.task_id, messages=t.messages) for t in demos or []]
+    for number in range(ROUND_SAMPLES - first_sample % ROUND_SAMPLES):
+        todo = todo[: budget - len(made)]
+        if not todo:
+            break
+        rolled = []
+        for tier in sorted({t.tier for t in todo}):
+            config = _with_demos(configs[tier], shown) if demos is not None else configs[tier]
+            batch = [t for t in todo if t.tier == tier]
+            rolled += bench.rollouts(config, batch, adapter, "select", first_sample=first_sample + number)
+        wins = [t for t in rolled if t.reward >= min_reward and not t.error]
+        shown += [Demo(task_id=t.task_id, messages=t.messages) for t in wins]
+        todo = [t for t in todo if t.id not in {w.task_id for w in wins}]
+        made += rolled
+    return made
+
+
+def _with_demos(config: HCPConfig, wins: list[Demo]) -> HCPConfig:
+    """The config with ``wins`` added to its demos, if it picks them by nearness (else as it is)."""
+    if config.demos.select != "nearest" or not wins:
+        return config
+    return config.model_copy(update={"demos": config.demos.model_copy(update={"items": config.demos.items + wins})})
+
+
+def _solved(bench: Workbench, original: HCPConfig, adapter: str, ids: list[str], samples: int) -> set[str]:
+    """Tasks the original config is known to solve: all its first ``samples`` rollouts stored before (a curriculum
+    plan's) reach reward 1, so no evolved rollout can beat it there."""
+    stored = bench.store.trajectories(bench.run_id, hcp_id=original.id, adapter=adapter, task_ids=ids)
+    rewards: dict[str, list[float]] = defaultdict(list)
+    for t in stored:
+        if t.sample < samples:
+            rewards[t.task_id].append(t.reward)
+    return {task for task, r in rewards.items() if len(r) == samples and min(r) >= 1.0}
 
 
 def _best_distinct(wins: list[Trajectory], min_reward: float, limit: int) -> list[Trajectory]:

@@ -177,7 +177,22 @@ class SelectSettings(Section):
         description="Also sample the best evolved config this many times per task at ``temperature`` (rejection "
         "sampling): any sample beating the original's rollouts can be kept. Later rounds draw new samples.",
     )
-    temperature: float = Field(default=0.7, gt=0.0, le=2.0, description="Sampling temperature of the best_of samples.")
+    temperature: float = Field(
+        default=0.7, gt=0.0, le=2.0, description="Sampling temperature of the best_of samples and harvest passes."
+    )
+    rollouts: int | None = Field(
+        default=None,
+        gt=0,
+        le=50_000,
+        description="The stage's rollout budget under evolved configs, plus what stage 1 left of its own: after the "
+        "best config's pass over every task (and best_of's samples), harvest passes sample it on the tasks not won "
+        "yet until the budget is spent. None: no harvest passes.",
+    )
+    own_demos: bool = Field(
+        default=False,
+        description="Harvest passes show the rollouts won so far as demos (a config picking demos by nearness): the "
+        "teacher grows with its own wins.",
+    )
     new_tier_demos: int = Field(
         default=0,
         ge=0,

@@ -6,7 +6,7 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, Trajectory
-from autoevolve.stages.select import select
+from autoevolve.stages.select import ROUND_SAMPLES, select
 from autoevolve.stages.settings import SelectSettings
 from autoevolve.store import Store
 
@@ -60,14 +60,16 @@ def test_keeps_wins_over_the_original_on_the_same_task(tmp_path) -> None:
     assert len(loose.items) == 3 and loose.id != selection.id
 
 
-def _put(store: Store, hcp: HCPConfig, task_id: str, rewards: list[float], texts: list[str] | None = None) -> None:
-    """Store one rollout per sample of a task under a config."""
+def _put(
+    store: Store, hcp: HCPConfig, task_id: str, rewards: list[float], texts: list[str] | None = None, first: int = 0
+) -> None:
+    """Store one rollout per sample of a task under a config, numbered from ``first``."""
     texts = texts or [f"{hcp.id}-{i}" for i in range(len(rewards))]
     store.put_trajectories(
         [
             _traj(hcp, task_id, r).model_copy(
                 update={
-                    "sample": i,
+                    "sample": first + i,
                     "messages": [Message(role="user", content="x"), Message(role="assistant", content=t)],
                 }
             )
@@ -157,14 +159,15 @@ def test_best_of_samples_win_one_by_one_on_unsolved_tasks_with_new_numbers_each_
         _put(store, original, t1.id, [1.0])  # solved: no sample can beat it, none is asked for
         _put(store, best, t0.id, [0.0])
         _put(store, best, t1.id, [1.0])
-        # Round 1 of best-of-2 asks for samples 2 and 3 (round 0 had 0 and 1); only 3 solves the task.
-        _put(store, sampled, t0.id, [1.0, 1.0, 0.0, 1.0], texts=["r0-a", "r0-b", "r1-a", "r1-b"])
+        # Round 1 of best-of-2 asks for its own samples (round 0 had 0 and 1); only the second solves the task.
+        _put(store, sampled, t0.id, [1.0, 1.0], texts=["r0-a", "r0-b"])
+        _put(store, sampled, t0.id, [0.0, 1.0], texts=["r1-a", "r1-b"], first=ROUND_SAMPLES)
         bench = Workbench(NoCalls(), env, store, run_id="r", round=1, progress=None)
         selection = select(
             bench, original, [best], [t0, t1], SelectSettings(best_of=2, min_reward=1.0), sampled={1: sampled}
         )
     assert [(i.task_id, i.hcp_id, i.sample, i.baseline_reward) for i in selection.items] == [
-        (t0.id, sampled.id, 3, 0.0)
+        (t0.id, sampled.id, ROUND_SAMPLES + 1, 0.0)
     ]
 
 
