@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 BFCL_VERSION := 2026.3.23
 
-.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-serve bench-headroom
+.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-writers bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-serve bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-profile: install  # where a quickstart round's time goes, stage by stage, 
 
 bench-store: install  # snapshot publish and read cost by store size, under a minute
 	$(PY) bench/store_snapshot.py
+
+bench-writers: install  # 1, 4 and 16 writer processes per store engine (PostgreSQL: Debian's postgresql package)
+	$(PY) -m pip install -q -c constraints.txt 'psycopg[binary]'
+	$(PY) bench/store_writers.py
 
 bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 60 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'

@@ -29,7 +29,7 @@ run_dir: {tmp}/runs
 env: {{tiers: [1], n_train: 96, n_dev: 24, n_test: 16}}
 labels: {{budget: 8}}
 evolve: {{train_tasks: 12, dev_tasks: 16, candidates: 1, mutators: [demos], demo_pool: 12}}
-select: {{train_tasks: 48}}
+select: {{train_tasks: 48, rollouts: 72, own_demos: true}}
 distill: {{epoch_grid: [1, 2, 4], dev_tasks: 8, batch_size: 4}}
 gate: {{dev_tasks: 16, test_tasks: 8, guard: {{env: {{tiers: [2], n_train: 8, n_dev: 4, n_test: 4}}, tasks: 4}}}}
 """

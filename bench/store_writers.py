@@ -1,0 +1,389 @@
+"""Many writers, one logical store: which engine lets several runs commit trajectories at once?
+
+Per engine, 1, 4 and 16 writer processes each commit ``--chunks`` chunks of ``--rows`` trajectories (the
+workbench's chunk: one commit per batch of rollouts); per cell the trajectories committed per second (all writers
+together, wall clock) and the commit latency's median and p99 (a commit's wait for the store included), then a
+count that every row landed exactly once. Then one reader's query over ``--reader-rows`` trajectories (each run's
+mean reward and rollouts per stage), timed cold.
+
+Engines, side by side in one process tree:
+- ``duckdb-file``: today's store, one DuckDB file. DuckDB allows one writing process, so each commit opens the
+  file (waiting while another holds it), writes and closes.
+- ``duckdb-per-run``: one DuckDB file per writer, held open for its whole run (no waiting); the reader attaches
+  every file and reads them as one.
+- ``postgresql``: one PostgreSQL server (a cluster made by ``initdb`` in a temporary folder, on a Unix socket), the
+  same table; each writer keeps one connection and commits each chunk in one transaction. Skipped, with the reason,
+  when ``initdb``/``pg_ctl`` or ``psycopg`` is missing.
+
+Goal: 16 writers commit >= 4x the trajectories/s of one writer, with p99 commit latency <= 1 s; the reader's query
+over 1M trajectories <= 1 s.
+
+Run: .venv/bin/python bench/store_writers.py [--writers 1 4 16] [--chunks 40] [--rows 64] [--reader-rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from _shared import write_json  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "store_writers.json"
+TABLE = """CREATE TABLE IF NOT EXISTS trajectories (
+    run_id VARCHAR NOT NULL, hcp_id VARCHAR NOT NULL, adapter VARCHAR NOT NULL, task_id VARCHAR NOT NULL,
+    sample INTEGER NOT NULL, split VARCHAR NOT NULL, tier INTEGER NOT NULL, round INTEGER NOT NULL,
+    stage VARCHAR NOT NULL, messages VARCHAR NOT NULL, reward DOUBLE PRECISION NOT NULL, feedback VARCHAR NOT NULL,
+    error VARCHAR NOT NULL, prompt_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL,
+    latency_s DOUBLE PRECISION NOT NULL, schema_version INTEGER NOT NULL,
+    PRIMARY KEY (run_id, hcp_id, adapter, task_id, sample))"""
+READER = (
+    "SELECT run_id, stage, count(*) AS rollouts, avg(reward) AS reward FROM trajectories GROUP BY run_id, stage "
+    "ORDER BY run_id, stage"
+)
+
+
+def trajectories(run: str, first: int, n: int) -> list[Any]:
+    """n realistic trajectories of one run (a request, a tool call, its result, a reply), task numbers from first."""
+    from autoevolve.records import Message, ToolCall, Trajectory
+
+    out = []
+    for i in range(first, first + n):
+        call = ToolCall(id=f"call_{i}", function={"name": "book_table", "arguments": '{"party_size": 4}'})
+        messages = [
+            Message(role="user", content=f"Book a table for 4 at Luigi's tonight at 19:00, request {i}."),
+            Message(role="assistant", content="", tool_calls=[call]),
+            Message(role="tool", content='{"status": "booked", "ref": "R123"}', tool_call_id=f"call_{i}"),
+            Message(role="assistant", content="Your table for 4 at Luigi's is booked for 19:00 (ref R123)."),
+        ]
+        out.append(
+            Trajectory(
+                run_id=run, task_id=f"life-1-{i:07d}", split="train", hcp_id="h" * 12, reward=float(i % 2),
+                messages=messages, stage=("evolve", "select", "report")[i % 3], prompt_tokens=300,
+                completion_tokens=40,
+            )
+        )  # fmt: skip
+    return out
+
+
+class DuckFile:
+    """Today's store: one DuckDB file; a writer opens it for each commit (one writing process at a time)."""
+
+    name = "duckdb-file"
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "store.duckdb"
+
+    def writer(self, index: int) -> Any:
+        return _DuckCommits(self.path, hold=False)
+
+    def count(self) -> int:
+        import duckdb
+
+        with duckdb.connect(str(self.path), read_only=True) as con:
+            return con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+
+    def read(self) -> float:
+        import duckdb
+
+        started = time.perf_counter()
+        with duckdb.connect(str(self.path), read_only=True) as con:
+            con.execute(READER).fetchall()
+        return time.perf_counter() - started
+
+    def load(self, rows: int) -> None:
+        _bulk(_DuckCommits(self.path, hold=True), rows)
+
+    def close(self) -> None:
+        pass
+
+
+class DuckPerRun:
+    """One DuckDB file per writer, held open; the reader attaches them all."""
+
+    name = "duckdb-per-run"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def writer(self, index: int) -> Any:
+        return _DuckCommits(self.folder / f"run-{index}.duckdb", hold=True)
+
+    def _attached(self) -> Any:
+        import duckdb
+
+        con = duckdb.connect()
+        files = sorted(self.folder.glob("run-*.duckdb"))
+        for i, path in enumerate(files):
+            con.execute(f"ATTACH '{path}' AS r{i} (READ_ONLY)")
+        union = " UNION ALL ".join(f"SELECT * FROM r{i}.trajectories" for i in range(len(files)))
+        con.execute(f"CREATE TEMP VIEW trajectories AS {union}")
+        return con
+
+    def count(self) -> int:
+        with self._attached() as con:
+            return con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+
+    def read(self) -> float:
+        started = time.perf_counter()
+        with self._attached() as con:
+            con.execute(READER).fetchall()
+        return time.perf_counter() - started
+
+    def load(self, rows: int) -> None:
+        _bulk(self.writer(0), rows)
+
+    def close(self) -> None:
+        pass
+
+
+class _DuckCommits:
+    """A writer's commits to one DuckDB file through the project's Store (opened per commit unless ``hold``)."""
+
+    def __init__(self, path: Path, hold: bool) -> None:
+        self.path, self.hold, self.store = path, hold, None
+
+    def warm(self) -> None:
+        """Imports done (and a held file opened) before the clock starts."""
+        from autoevolve.store import Store
+
+        if self.hold:
+            self.store = Store(self.path, publish_every_s=None, wait_s=3600)
+
+    def commit(self, trajs: list[Any]) -> None:
+        from autoevolve.store import Store
+
+        if self.store is None:
+            self.store = Store(self.path, publish_every_s=None, wait_s=3600)
+        self.store.put_trajectories(trajs)
+        if not self.hold:
+            self.store.close()
+            self.store = None
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+
+class Postgres:
+    """One PostgreSQL server in a temporary cluster (Unix socket only); a writer keeps one connection."""
+
+    name = "postgresql"
+
+    def __init__(self, folder: Path) -> None:
+        self.data, self.socket, self.log = folder / "pg", folder, folder / "pg.log"
+        if os.geteuid() == 0:  # PostgreSQL refuses to run as root: its own system user runs it
+            shutil.chown(folder, "postgres")
+        self._pg(["initdb", "-D", str(self.data), "-A", "trust", "-U", "bench"])
+        options = f"-k {self.socket} -c listen_addresses='' -c max_connections=64"
+        self._pg(["pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start"])
+        self.dsn = f"host={self.socket} dbname=postgres user=bench"
+        with self._connect() as con:
+            con.execute(TABLE)
+
+    @staticmethod
+    def _pg(command: list[str]) -> None:
+        """Run a PostgreSQL tool (as the postgres user when this process is root)."""
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run(prefix + command, check=True, capture_output=True)
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        return psycopg.connect(self.dsn, autocommit=False)
+
+    def writer(self, index: int) -> Any:
+        return _PgCommits(self.dsn)
+
+    def count(self) -> int:
+        with self._connect() as con:
+            return con.execute("SELECT count(*) FROM trajectories").fetchone()[0]
+
+    def read(self) -> float:
+        started = time.perf_counter()
+        with self._connect() as con:
+            con.execute(READER).fetchall()
+        return time.perf_counter() - started
+
+    def load(self, rows: int) -> None:
+        _bulk(self.writer(0), rows)
+
+    def close(self) -> None:
+        self._pg(["pg_ctl", "-D", str(self.data), "-m", "fast", "stop"])
+
+
+class _PgCommits:
+    """A writer's commits over one connection: each chunk one transaction, a key stored before skipped."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+
+        self.con = psycopg.connect(dsn, autocommit=False)
+
+    def warm(self) -> None:
+        """Imports done before the clock starts (the connection is open already)."""
+        import autoevolve.store.base  # noqa: F401
+
+    def commit(self, trajs: list[Any]) -> None:
+        from autoevolve.store.base import TRAJ_COLS, _traj_table
+
+        rows = _traj_table(trajs).to_pylist()
+        cols = [c for c in TRAJ_COLS if c != "created_at"]
+        sql = (
+            f"INSERT INTO trajectories ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))}) "
+            "ON CONFLICT DO NOTHING"
+        )
+        with self.con.cursor() as cur:
+            cur.executemany(sql, [[r[c] for c in cols] for r in rows])
+        self.con.commit()
+
+    def close(self) -> None:
+        self.con.close()
+
+
+ENGINES = {e.name: e for e in (DuckFile, DuckPerRun, Postgres)}
+
+
+def _bulk(writer: Any, rows: int, chunk: int = 20_000) -> None:
+    """``rows`` trajectories over 16 runs, in large commits (the reader's table)."""
+    for first in range(0, rows, chunk):
+        writer.commit(trajectories(f"run-{first * 16 // rows:02d}", first, min(chunk, rows - first)))
+    writer.close()
+
+
+def _write(engine: Any, index: int, chunks: int, rows: int, ready: Any, out: Any) -> None:
+    """One writer process: its trajectories made and its store opened first, then (once every writer is ready)
+    its commits, each one's latency sent back with when the commits began and ended."""
+    writer = engine.writer(index)
+    batches = [trajectories(f"writer-{index:02d}", c * rows, rows) for c in range(chunks)]
+    writer.warm()
+    ready.wait()
+    began, latencies = time.perf_counter(), []
+    for batch in batches:
+        started = time.perf_counter()
+        writer.commit(batch)
+        latencies.append(time.perf_counter() - started)
+    out.put((latencies, began, time.perf_counter()))
+    writer.close()
+
+
+def cell(kind: type, writers: int, chunks: int, rows: int) -> dict[str, Any]:
+    """N writer processes on a fresh store of one engine: throughput, commit latency, rows landed."""
+    folder = Path(tempfile.mkdtemp(prefix=f"writers-{kind.name}-"))
+    engine = kind(folder)
+    try:
+        if kind is DuckFile:  # the schema made once, before the writers race to open the file
+            _DuckCommits(engine.path, hold=False).commit([])
+        ctx = mp.get_context("fork")
+        out, ready = ctx.Queue(), ctx.Barrier(writers)
+        procs = [ctx.Process(target=_write, args=(engine, i, chunks, rows, ready, out)) for i in range(writers)]
+        for p in procs:
+            p.start()
+        results = [out.get() for _ in procs]
+        for p in procs:
+            p.join()
+        wall = max(end for _, _, end in results) - min(began for _, began, _ in results)
+        latencies = sorted(x for lat, _, _ in results for x in lat)
+        landed = engine.count()
+    finally:
+        engine.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    expected = writers * chunks * rows
+    return {
+        "engine": kind.name, "writers": writers, "rows": expected, "landed": landed, "seconds": round(wall, 2),
+        "per_s": round(expected / wall, 1), "p50_s": round(statistics.median(latencies), 4),
+        "p99_s": round(latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))], 4),
+    }  # fmt: skip
+
+
+def reader(kind: type, rows: int) -> dict[str, Any]:
+    """The reader's query over ``rows`` trajectories loaded in bulk (the load's time printed too)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"reader-{kind.name}-"))
+    engine = kind(folder)
+    try:
+        started = time.perf_counter()
+        engine.load(rows)
+        loaded = time.perf_counter() - started
+        seconds = min(engine.read() for _ in range(3))
+    finally:
+        engine.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"engine": kind.name, "rows": rows, "load_s": round(loaded, 1), "query_s": round(seconds, 3)}
+
+
+def missing(kind: type) -> str | None:
+    """Why an engine cannot run here, or None."""
+    if kind is not Postgres:
+        return None
+    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
+        return "initdb/pg_ctl not on PATH (Debian: apt-get install postgresql)"
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return "psycopg is not installed (pip install 'psycopg[binary]')"
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", nargs="+", choices=list(ENGINES), default=list(ENGINES))
+    parser.add_argument("--writers", nargs="+", type=int, default=[1, 4, 16])
+    parser.add_argument("--chunks", type=int, default=40, help="commits per writer")
+    parser.add_argument("--rows", type=int, default=64, help="trajectories per commit")
+    parser.add_argument("--reader-rows", type=int, default=1_000_000)
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    cells, reads, skipped = [], [], {}
+    columns = ("writers", "rows", "landed", "traj/s", "x one", "p50 s", "p99 s")
+    print(f"{'engine':<15} " + " ".join(f"{c:>{9 if c == 'traj/s' else 7}}" for c in columns), flush=True)
+    for name in args.engines:
+        kind = ENGINES[name]
+        if why := missing(kind):
+            skipped[name] = why
+            print(f"{name:<15} skipped: {why}", flush=True)
+            continue
+        one = None
+        for n in args.writers:
+            row = cell(kind, n, args.chunks, args.rows)
+            one = one or row["per_s"]
+            row["vs_one"] = round(row["per_s"] / one, 2)
+            cells.append(row)
+            print(
+                f"{name:<15} {n:>7} {row['rows']:>7} {row['landed']:>7} {row['per_s']:>9.1f} {row['vs_one']:>6.2f} "
+                f"{row['p50_s']:>7.3f} {row['p99_s']:>7.3f}",
+                flush=True,
+            )
+    print(f"\n{'engine':<15} {'rows':>9} {'load s':>7} {'query s':>8}")
+    for name in args.engines:
+        if name in skipped:
+            continue
+        row = reader(ENGINES[name], args.reader_rows)
+        reads.append(row)
+        print(f"{name:<15} {row['rows']:>9} {row['load_s']:>7.1f} {row['query_s']:>8.3f}", flush=True)
+    checks = []
+    for name in {c["engine"] for c in cells}:
+        top = max((c for c in cells if c["engine"] == name), key=lambda c: c["writers"])
+        ok = top["vs_one"] >= 4 and top["p99_s"] <= 1 and all(c["landed"] == c["rows"] for c in cells)
+        checks.append(
+            f"{name}: {top['writers']} writers {top['vs_one']:.2f}x one writer (>= 4x), p99 {top['p99_s']:.3f} s "
+            f"(<= 1 s), every row once: {'PASS' if ok else 'FAIL'}"
+        )
+    for row in reads:
+        verdict = "PASS" if row["query_s"] <= 1 else "FAIL"
+        checks.append(f"{row['engine']}: reader over {row['rows']} rows {row['query_s']:.3f} s (<= 1 s): {verdict}")
+    print("\n" + "\n".join(sorted(checks)))
+    write_json(args.json, {"cells": cells, "reader": reads, "skipped": skipped, "checks": sorted(checks)})
+
+
+if __name__ == "__main__":
+    main()
