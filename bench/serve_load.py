@@ -4,9 +4,13 @@ Both servers run as their own processes on this machine, on the embedded SmolLM2
 the dequantised weights (``autoevolve serve --model smollm2-135m-instruct``, no store), llama.cpp's OpenAI-compatible
 server (``llama-cpp-python[server]``, built from PyPI into a virtualenv of its own: ``--llama-python``) on the very
 GGUF file the weights come from (Q4_1, as llama.cpp runs it), 2 threads, requests queued rather than interrupted
-(its ``--interrupt_requests`` is on by default: a new request ends the stream in progress). Each level starts N
-clients at once; each streams ``--requests`` chat completions in turn (temperature 0, ``--max-tokens``, prompts
-from a fixed list) and stops by itself. Per level: generated tokens/s over the level's wall time (tokens counted by
+(its ``--interrupt_requests`` is on by default: a new request ends the stream in progress). autoevolve serves the
+base model and two LoRA adapters (rank 16 on every projection, small random weights, made by the bench and loaded
+at runtime with ``--enable-runtime-lora``), and client k asks the base, the first or the second in turn: three
+models, so three batches where one model would have one. llama.cpp's server applies a LoRA to every request alike
+(no adapter per request), so it serves the base model to every client. Each level starts N clients at once; each
+streams ``--requests`` chat completions in turn (temperature 0, ``--max-tokens``, prompts from a fixed list) and
+stops by itself. Per level: generated tokens/s over the level's wall time (tokens counted by
 the model's tokenizer over the streamed text, the same for both servers), time to first token (TTFT) p50/p99, the
 gap between text chunks p50/p99, errors (a stream that ends with no text is one). The server's batch holds up to
 64 requests (``--batch-size 64``).
@@ -109,8 +113,8 @@ async def one(client: Any, url: str, model: str, prompt: str, max_tokens: int) -
     return {"began": began, "arrivals": arrivals, "text": "".join(text)}
 
 
-async def level(url: str, model: str, clients: int, requests: int, max_tokens: int, tokenizer: Any) -> dict:
-    """``clients`` clients at once, each streaming ``requests`` requests in turn."""
+async def level(url: str, models: list[str], clients: int, requests: int, max_tokens: int, tokenizer: Any) -> dict:
+    """``clients`` clients at once, each streaming ``requests`` requests in turn, client k to ``models[k % len]``."""
     import httpx
 
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
@@ -118,7 +122,7 @@ async def level(url: str, model: str, clients: int, requests: int, max_tokens: i
 
         async def run(k: int) -> list[dict]:
             return [
-                await one(client, url, model, PROMPTS[(k * requests + i) % len(PROMPTS)], max_tokens)
+                await one(client, url, models[k % len(models)], PROMPTS[(k * requests + i) % len(PROMPTS)], max_tokens)
                 for i in range(requests)
             ]
 
@@ -153,6 +157,31 @@ def _q(values: list[float], q: float) -> float | None:
     return round(statistics.quantiles(values, n=100, method="inclusive")[max(0, round(q * 100) - 1)], 3)
 
 
+def adapters(folder: Path) -> dict[str, Path]:
+    """Two LoRA adapters of the embedded model (rank 16 on every projection, B drawn small so replies stay near the
+    base model's), saved under ``folder``; made once."""
+    out = {name: folder / name for name in ("adapter-a", "adapter-b")}
+    if all((path / "adapter_config.json").exists() for path in out.values()):
+        return out
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import EMBEDDED, base_model_id, load
+    from autoevolve.stages.distill.fit import save_adapter
+
+    for seed, path in enumerate(out.values()):
+        base, _ = load(EMBEDDED)
+        torch.manual_seed(seed)
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules=targets))
+        with torch.no_grad():
+            for name, weight in model.named_parameters():
+                if "lora_B" in name:
+                    weight.normal_(std=1e-3)
+        save_adapter(model, path, base_model_id(EMBEDDED))  # the base model's id, as the server checks
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -172,9 +201,10 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     servers: dict[str, tuple[list[str], str]] = {}
     port = free_port()
+    loras = adapters(logs / "adapters")
     servers["autoevolve"] = (
         [sys.executable, "-m", "autoevolve.cli", "serve", "--model", EMBEDDED, "--port", str(port)]
-        + ["--batch-size", "64"],
+        + ["--batch-size", "64", "--enable-runtime-lora", "--allow-adapter-root", str(logs / "adapters")],
         f"http://127.0.0.1:{port}",
     )
     if args.llama_python:
@@ -191,11 +221,19 @@ def main() -> None:
         try:
             import httpx
 
-            model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-            asyncio.run(level(url, model, 1, 1, 8, tokenizer))  # warm: first-call costs are not load
+            models = [httpx.get(f"{url}/v1/models").json()["data"][0]["id"]]
+            if name == "autoevolve":
+                for lora, path in loras.items():
+                    body = {"lora_name": lora, "lora_path": str(path)}
+                    answer = httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=300)
+                    if answer.status_code != 200:
+                        raise SystemExit(f"loading {lora} failed: {answer.text}")
+                models += list(loras)
+            for model in models:
+                asyncio.run(level(url, [model], 1, 1, 8, tokenizer))  # warm: first-call costs are not load
             table[name] = []
             for clients in args.clients:
-                row = asyncio.run(level(url, model, clients, args.requests, args.max_tokens, tokenizer))
+                row = asyncio.run(level(url, models, clients, args.requests, args.max_tokens, tokenizer))
                 table[name].append(row)
                 said = (
                     f"{name:>10} {clients:>3} clients: {row['tokens_per_s']:>7} tok/s, TTFT p50 {row['ttft_p50_s']} s"
