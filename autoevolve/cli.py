@@ -27,6 +27,7 @@ from pathlib import Path
 from autoevolve.config import ConfigError, RunConfig, load_config
 from autoevolve.envs import guard
 from autoevolve.envs.guard import EnvironmentFault
+from autoevolve.store.postgres import is_url
 
 DEFAULT_STORE = "trajectories/autoevolve.duckdb"
 
@@ -110,7 +111,7 @@ _tier = _whole(0, "is below 0: 0 is the entry expert, 1+ the experts it routes t
 def _kept_only_if_done(path: str | Path) -> Iterator[None]:
     """A store this command creates is removed again if the command is refused (its input was wrong, exit 2):
     a refused command leaves nothing behind. What a failing endpoint or an interrupt leaves is work done: it stays."""
-    new = not Path(path).exists()
+    new = not is_url(path) and not Path(path).exists()  # a database is never removed
     try:
         yield
     except CommandError as exc:
@@ -122,7 +123,7 @@ def _kept_only_if_done(path: str | Path) -> Iterator[None]:
 
 def _store_file(path: str, otherwise: str = "") -> None:
     """A read command's store must exist (it is never created by reading)."""
-    if not Path(path).is_file():
+    if not is_url(path) and not Path(path).is_file():
         raise CommandError(
             f"no store at {path} (pass --store with an existing store's path; a run creates one{otherwise})"
         )

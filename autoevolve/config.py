@@ -32,6 +32,7 @@ from autoevolve.stages.settings import (
     Section,
     SelectSettings,
 )
+from autoevolve.store.postgres import is_url
 
 
 class EnvSettings(Section):
@@ -220,7 +221,10 @@ class RunConfig(Section):
     hcp: Path = Field(description="YAML file of the original HCP config.")
     expert: str = Field(default="L1-life", description="Registry name of the LoRA expert being improved.")
     rounds: int = Field(default=1, gt=0, description="Rounds run in turn, each from the last promoted adapter.")
-    store: Path = Field(default=Path("trajectories/autoevolve.duckdb"))
+    store: Path | str = Field(
+        default=Path("trajectories/autoevolve.duckdb"),
+        description="A DuckDB file, or a PostgreSQL database by URL (postgresql://...): many runs writing at once.",
+    )
     run_dir: Path = Field(default=Path("trajectories/runs"), description="Reports and adapters go in run_dir/run_id.")
     env: EnvSettings = Field(default_factory=EnvSettings)
     curriculum: CurriculumSettings | None = Field(
@@ -239,6 +243,12 @@ class RunConfig(Section):
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
     _original: tuple[tuple[str, int], HCPConfig] | None = PrivateAttr(default=None)  # (hcp file, env), its config
+
+    @field_validator("store")
+    @classmethod
+    def _store_kind(cls, value: Path | str) -> Path | str:
+        """A PostgreSQL URL stays text; anything else is a DuckDB file's path."""
+        return value if is_url(value) else Path(value)
 
     @field_validator("expert")
     @classmethod

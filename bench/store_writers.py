@@ -11,8 +11,11 @@ Engines, side by side in one process tree:
   file (waiting while another holds it), writes and closes.
 - ``duckdb-per-run``: one DuckDB file per writer, held open for its whole run (no waiting); the reader attaches
   every file and reads them as one.
-- ``postgresql``: one PostgreSQL server (a cluster made by ``initdb`` in a temporary folder, on a Unix socket), the
-  same table; each writer keeps one connection and commits each chunk in one transaction. Skipped, with the reason,
+- ``postgresql``: one PostgreSQL server (``autoevolve.store.postgres.LocalServer``: a cluster made by ``initdb`` in a
+  temporary folder, on a Unix socket) as the store (``store: postgresql://...``); each writer keeps its store open
+  and commits each chunk in one transaction.
+
+Every writer commits through the project's ``Store.put_trajectories``. Skipped, with the reason,
   when ``initdb``/``pg_ctl`` or ``psycopg`` is missing.
 
 Goal: 16 writers commit >= 4x the trajectories/s of one writer, with p99 commit latency <= 1 s; the reader's query
@@ -25,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,13 +41,6 @@ sys.path.insert(0, str(ROOT))
 from _shared import write_json  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "store_writers.json"
-TABLE = """CREATE TABLE IF NOT EXISTS trajectories (
-    run_id VARCHAR NOT NULL, hcp_id VARCHAR NOT NULL, adapter VARCHAR NOT NULL, task_id VARCHAR NOT NULL,
-    sample INTEGER NOT NULL, split VARCHAR NOT NULL, tier INTEGER NOT NULL, round INTEGER NOT NULL,
-    stage VARCHAR NOT NULL, messages VARCHAR NOT NULL, reward DOUBLE PRECISION NOT NULL, feedback VARCHAR NOT NULL,
-    error VARCHAR NOT NULL, prompt_tokens BIGINT NOT NULL, completion_tokens BIGINT NOT NULL,
-    latency_s DOUBLE PRECISION NOT NULL, schema_version INTEGER NOT NULL,
-    PRIMARY KEY (run_id, hcp_id, adapter, task_id, sample))"""
 READER = (
     "SELECT run_id, stage, count(*) AS rollouts, avg(reward) AS reward FROM trajectories GROUP BY run_id, stage "
     "ORDER BY run_id, stage"
@@ -85,7 +79,7 @@ class DuckFile:
         self.path = folder / "store.duckdb"
 
     def writer(self, index: int) -> Any:
-        return _DuckCommits(self.path, hold=False)
+        return _StoreCommits(self.path, hold=False)
 
     def count(self) -> int:
         import duckdb
@@ -102,7 +96,7 @@ class DuckFile:
         return time.perf_counter() - started
 
     def load(self, rows: int) -> None:
-        _bulk(_DuckCommits(self.path, hold=True), rows)
+        _bulk(_StoreCommits(self.path, hold=True), rows)
 
     def close(self) -> None:
         pass
@@ -117,7 +111,7 @@ class DuckPerRun:
         self.folder = folder
 
     def writer(self, index: int) -> Any:
-        return _DuckCommits(self.folder / f"run-{index}.duckdb", hold=True)
+        return _StoreCommits(self.folder / f"run-{index}.duckdb", hold=True)
 
     def _attached(self) -> Any:
         import duckdb
@@ -147,10 +141,10 @@ class DuckPerRun:
         pass
 
 
-class _DuckCommits:
-    """A writer's commits to one DuckDB file through the project's Store (opened per commit unless ``hold``)."""
+class _StoreCommits:
+    """A writer's commits through the project's Store (opened per commit unless ``hold``)."""
 
-    def __init__(self, path: Path, hold: bool) -> None:
+    def __init__(self, path: Path | str, hold: bool) -> None:
         self.path, self.hold, self.store = path, hold, None
 
     def warm(self) -> None:
@@ -176,26 +170,18 @@ class _DuckCommits:
 
 
 class Postgres:
-    """One PostgreSQL server in a temporary cluster (Unix socket only); a writer keeps one connection."""
+    """One PostgreSQL server of its own (``LocalServer``: a temporary cluster on a Unix socket); a writer keeps one
+    connection."""
 
     name = "postgresql"
 
     def __init__(self, folder: Path) -> None:
-        self.data, self.socket, self.log = folder / "pg", folder, folder / "pg.log"
-        if os.geteuid() == 0:  # PostgreSQL refuses to run as root: its own system user runs it
-            shutil.chown(folder, "postgres")
-        self._pg(["initdb", "-D", str(self.data), "-A", "trust", "-U", "bench"])
-        options = f"-k {self.socket} -c listen_addresses='' -c max_connections=64"
-        self._pg(["pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "start"])
-        self.dsn = f"host={self.socket} dbname=postgres user=bench"
-        with self._connect() as con:
-            con.execute(TABLE)
+        from autoevolve.store import Store
+        from autoevolve.store.postgres import LocalServer
 
-    @staticmethod
-    def _pg(command: list[str]) -> None:
-        """Run a PostgreSQL tool (as the postgres user when this process is root)."""
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run(prefix + command, check=True, capture_output=True)
+        self.server = LocalServer()
+        self.dsn = self.server.url
+        Store(self.dsn).close()  # migrated once, before the writers start
 
     def _connect(self) -> Any:
         import psycopg
@@ -203,7 +189,7 @@ class Postgres:
         return psycopg.connect(self.dsn, autocommit=False)
 
     def writer(self, index: int) -> Any:
-        return _PgCommits(self.dsn)
+        return _StoreCommits(self.dsn, hold=True)
 
     def count(self) -> int:
         with self._connect() as con:
@@ -219,36 +205,7 @@ class Postgres:
         _bulk(self.writer(0), rows)
 
     def close(self) -> None:
-        self._pg(["pg_ctl", "-D", str(self.data), "-m", "fast", "stop"])
-
-
-class _PgCommits:
-    """A writer's commits over one connection: each chunk one transaction, a key stored before skipped."""
-
-    def __init__(self, dsn: str) -> None:
-        import psycopg
-
-        self.con = psycopg.connect(dsn, autocommit=False)
-
-    def warm(self) -> None:
-        """Imports done before the clock starts (the connection is open already)."""
-        import autoevolve.store.base  # noqa: F401
-
-    def commit(self, trajs: list[Any]) -> None:
-        from autoevolve.store.base import TRAJ_COLS, _traj_table
-
-        rows = _traj_table(trajs).to_pylist()
-        cols = [c for c in TRAJ_COLS if c != "created_at"]
-        sql = (
-            f"INSERT INTO trajectories ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))}) "
-            "ON CONFLICT DO NOTHING"
-        )
-        with self.con.cursor() as cur:
-            cur.executemany(sql, [[r[c] for c in cols] for r in rows])
-        self.con.commit()
-
-    def close(self) -> None:
-        self.con.close()
+        self.server.stop()
 
 
 ENGINES = {e.name: e for e in (DuckFile, DuckPerRun, Postgres)}
@@ -283,7 +240,7 @@ def cell(kind: type, writers: int, chunks: int, rows: int) -> dict[str, Any]:
     engine = kind(folder)
     try:
         if kind is DuckFile:  # the schema made once, before the writers race to open the file
-            _DuckCommits(engine.path, hold=False).commit([])
+            _StoreCommits(engine.path, hold=False).commit([])
         ctx = mp.get_context("fork")
         out, ready = ctx.Queue(), ctx.Barrier(writers)
         procs = [ctx.Process(target=_write, args=(engine, i, chunks, rows, ready, out)) for i in range(writers)]
@@ -325,8 +282,10 @@ def missing(kind: type) -> str | None:
     """Why an engine cannot run here, or None."""
     if kind is not Postgres:
         return None
-    if not (shutil.which("initdb") and shutil.which("pg_ctl")):
-        return "initdb/pg_ctl not on PATH (Debian: apt-get install postgresql)"
+    from autoevolve.store.postgres import LocalServer
+
+    if LocalServer.tool("initdb") is None:
+        return "PostgreSQL's server is not installed (Debian: apt-get install postgresql)"
     try:
         import psycopg  # noqa: F401
     except ImportError:

@@ -88,3 +88,28 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One PostgreSQL server for the session, in a temporary folder (started by the fixture, stopped after)."""
+    from autoevolve.store.postgres import LocalServer
+
+    if LocalServer.tool("initdb") is None:
+        pytest.skip("PostgreSQL's server is not installed: make install installs it (Debian's postgresql)")
+    server = LocalServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server) -> str:
+    """A fresh, empty database on the session's PostgreSQL server, by URL."""
+    import uuid
+
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres_server.url, autocommit=True) as con:
+        con.execute(f"CREATE DATABASE {name}")
+    return postgres_server.url.replace("/postgres?", f"/{name}?")

@@ -1,4 +1,5 @@
-"""Tests for the DuckDB store: migrations, round trips, idempotent bulk ingest, filters, registry queries."""
+"""Tests for the store: migrations, round trips, idempotent bulk ingest, filters, registry queries; the tests of
+the ``store`` fixture run on both engines (a DuckDB file, a PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -59,10 +60,11 @@ def make_traj(
     )
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    """A fresh writable store, closed after the test."""
-    with Store(tmp_path / "sub" / "store.duckdb") as s:
+@pytest.fixture(params=["duckdb", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh writable store of each engine, closed after the test."""
+    where = request.getfixturevalue("postgres_url") if request.param == "postgresql" else tmp_path / "sub" / "s.duckdb"
+    with Store(where) as s:
         yield s
 
 
@@ -323,7 +325,7 @@ def test_selection_round_trip_and_idempotent(store: Store) -> None:
     store.put_selection(empty)
     assert store.selection("sel1") == sel
     assert store.selections("run1") == [sel, empty]
-    assert store.con.execute("SELECT count(*) FROM selection_items").fetchone()[0] == 3
+    assert store._one("SELECT count(*) FROM selection_items")[0] == 3
     with pytest.raises(KeyError, match="nope"):
         store.selection("nope")
 

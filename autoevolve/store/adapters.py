@@ -9,8 +9,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
-import duckdb
-
 from autoevolve.records import AdapterRecord, Expert, RegistryEvent
 from autoevolve.store.base import (
     ADAPTER_COLS,
@@ -109,8 +107,8 @@ class RegistryTables(Connection):
 
         One transaction: the old live row becomes 'retired', the new one 'promoted' (its reason = ``detail``, and
         ``eval`` when given), the expert's live_version moves and the event is written. All of it lands or none, so
-        a reader never sees zero or two live versions. A concurrent change of the same expert conflicts in DuckDB;
-        the loser retries on the new state.
+        a reader never sees zero or two live versions. A concurrent change of the same expert conflicts (DuckDB, or
+        PostgreSQL at REPEATABLE READ); the loser retries on the new state.
         """
         return self._serial(name, retries, lambda: self._set_live(name, version, action, detail, eval))
 
@@ -140,7 +138,7 @@ class RegistryTables(Connection):
             try:
                 with self._tx():
                     return steps()
-            except duckdb.TransactionException:
+            except self.conflicts:
                 if attempt == retries:
                     raise StoreBusy(
                         f"{self.path}: {name}'s live version kept changing under {retries} retries"

@@ -26,9 +26,11 @@ from autoevolve.records import (
     Trajectory,
 )
 from autoevolve.store.migrations import LATEST_VERSION, MIGRATIONS
+from autoevolve.store.postgres import PgConnection, conflict_errors, is_url, shown
 from autoevolve.store.snapshot import is_lock_error, private_copy, publish, snapshot_path
 
 R = TypeVar("R", bound=BaseModel)
+MIGRATION_LOCK = 0x6175746F  # the PostgreSQL advisory lock a migrating process holds
 
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -126,7 +128,8 @@ def _unreadable(exc: duckdb.Error, path: Path) -> StoreUnreadable | None:
 
 
 class Connection:
-    """One DuckDB file, migrated on open; the table mixins run their SQL through ``_all``/``_one``/``_write``."""
+    """One DuckDB file (or PostgreSQL database: a ``postgresql://`` URL), migrated on open; the table mixins run their
+    SQL through ``_all``/``_one``/``_write``."""
 
     def __init__(
         self, path: str | Path, read_only: bool = False, publish_every_s: float | None = 15.0, wait_s: float = 10.0
@@ -136,17 +139,21 @@ class Connection:
         A writable store publishes a snapshot for readers at most every ``publish_every_s`` seconds of writing
         (None: never) and when it closes. A file held by another process is retried for ``wait_s`` seconds.
         """
-        self.path = Path(path)
+        self.url = str(path) if is_url(path) else None  # a PostgreSQL database (autoevolve.store.postgres)
+        self.path: Any = shown(str(path)) if self.url else Path(path)  # what messages name
         self.read_only = read_only
-        self.publish_every_s = None if read_only else publish_every_s
+        self.publish_every_s = None if read_only or self.url else publish_every_s  # PostgreSQL readers need none
         self._published = 0.0
         self._in_tx = False
         self._private: Path | None = None  # the temporary folder of a snapshot's private copy
-        if read_only and not self.path.exists():
+        self.conflicts: tuple[type[Exception], ...] = (duckdb.TransactionException,)
+        if self.url:
+            self.conflicts = conflict_errors()
+        elif read_only and not self.path.exists():
             raise FileNotFoundError(f"no store at {self.path} to open read-only")
-        if not read_only:
+        elif not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.con = self._connect(wait_s)
+        self.con: Any = PgConnection(self.url, read_only) if self.url else self._connect(wait_s)
         try:
             self._check_version()
             if not read_only:
@@ -163,6 +170,8 @@ class Connection:
         The copy is of the file, or of its writer's last published snapshot (at most ``publish_every_s`` old);
         reading it never blocks the writer, and an older schema is migrated in the copy, never in the original.
         """
+        if is_url(path):  # a read-only PostgreSQL store reads one snapshot for as long as it is open
+            return cls(path, read_only=True)
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no store at {path}")
@@ -222,7 +231,7 @@ class Connection:
     def close(self) -> None:
         """Close the connection; a writer's snapshot goes with it (readers read the file again). Safe twice."""
         self.con.close()
-        if self.publish_every_s is not None:
+        if self.publish_every_s is not None and not self.url:
             snapshot_path(self.path).unlink(missing_ok=True)
         if self._private is not None:
             shutil.rmtree(self._private, ignore_errors=True)
@@ -281,6 +290,16 @@ class Connection:
             "CREATE TABLE IF NOT EXISTS schema_migrations ("
             "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
         )
+        if self.url:  # processes opening a new database at once migrate it one after another
+            self._all("SELECT pg_advisory_lock(?)", [MIGRATION_LOCK])
+        try:
+            return self._apply_migrations()
+        finally:
+            if self.url:
+                self._all("SELECT pg_advisory_unlock(?)", [MIGRATION_LOCK])
+
+    def _apply_migrations(self) -> list[int]:
+        """The migrations not yet recorded, applied in order."""
         applied = self._applied()
         done = []
         for version, name, sql in sorted(MIGRATIONS):

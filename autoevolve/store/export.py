@@ -46,6 +46,24 @@ class ExportTables(Connection):
         counts = {}
         for table, query in EXPORTS.items():
             options = "FORMAT parquet, PARTITION_BY (round), OVERWRITE_OR_IGNORE"
+            if self.url:  # PostgreSQL's rows, written by an in-memory DuckDB
+                counts[table] = _copy_rows(self._all(query, [run_id]), self.con.columns(), out / table, options)
+                continue
             row = self._one(f"COPY ({query}) TO {sql_path(out / table)} ({options})", [run_id])
             counts[table] = int(row[0]) if row else 0  # COPY answers with the number of rows it wrote
         return counts
+
+
+def _copy_rows(rows: list[tuple], columns: list[str], folder: Path, options: str) -> int:
+    """Rows (with their column names) written to ``folder`` as DuckDB's COPY writes a query; the rows written."""
+    import duckdb
+    import pyarrow as pa
+
+    table = pa.table({name: [r[i] for r in rows] for i, name in enumerate(columns)})
+    folder.mkdir(parents=True, exist_ok=True)
+    if not rows:
+        return 0
+    with duckdb.connect() as local:
+        local.register("exported", table)
+        local.execute(f"COPY (SELECT * FROM exported) TO {sql_path(folder)} ({options})")
+    return len(rows)

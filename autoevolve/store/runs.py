@@ -68,6 +68,11 @@ class RunTables(Connection):
         """Bulk-insert trajectories in one statement, skipping keys already stored; returns rows inserted."""
         if not trajs:
             return 0
+        if self.url:
+            rows = [[_MESSAGES.dump_json(t.messages).decode() if c == "messages" else getattr(t, c) for c in TRAJ_COLS]
+                    for t in trajs]  # fmt: skip
+            with self._tx():
+                return self.con.insert_new("trajectories", TRAJ_COLS, TRAJ_KEY, rows)
         incoming = _traj_table(trajs)
         incoming = incoming.append_column("ord", pa.array(range(len(trajs)), pa.int64()))
         # Within one batch the first row of a duplicated key wins, matching the row-wise path.
@@ -122,7 +127,7 @@ class RunTables(Connection):
                 where.append(f"{col} = ?")
                 params.append(value)
         if task_ids is not None:
-            where.append("list_contains(?::VARCHAR[], task_id)")
+            where.append("task_id = ANY(?::VARCHAR[])")
             params.append(list(task_ids))
         if min_reward is not None:
             where.append("reward >= ?")
@@ -159,7 +164,7 @@ class RunTables(Connection):
         sql = "SELECT task_id, avg(reward) FROM trajectories WHERE run_id = ? AND hcp_id = ? AND adapter = ?"
         params: list[Any] = [run_id, hcp_id, adapter]
         if task_ids is not None:
-            sql += " AND list_contains(?::VARCHAR[], task_id)"
+            sql += " AND task_id = ANY(?::VARCHAR[])"
             params.append(list(task_ids))
         rows = self._all(sql + " GROUP BY task_id ORDER BY task_id", params)
         return {task_id: float(mean) for task_id, mean in rows}
@@ -205,7 +210,7 @@ class RunTables(Connection):
         items: dict[str, list[SelectedTrajectory]] = {h["id"]: [] for h in heads}
         rows = self._all(
             f"SELECT selection_id, {_cols(ITEM_COLS)} FROM selection_items "
-            "WHERE list_contains(?::VARCHAR[], selection_id) ORDER BY selection_id, position",
+            "WHERE selection_id = ANY(?::VARCHAR[]) ORDER BY selection_id, position",
             [list(items)],
         )
         for sel_id, *rest in rows:
@@ -242,9 +247,9 @@ class RunTables(Connection):
         rows = self._all(
             f"SELECT {_cols(TRAJ_COLS)} FROM trajectories JOIN ("
             "SELECT unnest(?::VARCHAR[]) AS hcp_id, unnest(?::VARCHAR[]) AS adapter, unnest(?::VARCHAR[]) AS task_id, "
-            "unnest(?::INTEGER[]) AS sample, unnest(range(?)) AS position"
+            "unnest(?::INTEGER[]) AS sample, unnest(?::INTEGER[]) AS position"
             ") USING (hcp_id, adapter, task_id, sample) WHERE run_id = ? ORDER BY position",
-            [*(list(c) for c in columns), len(keys), run_id],
+            [*(list(c) for c in columns), list(range(len(keys))), run_id],
         )
         found = [_traj_from_row(r) for r in rows]
         if len(found) < len(keys):

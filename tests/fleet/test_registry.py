@@ -133,8 +133,14 @@ def test_a_crash_between_steps_leaves_the_previous_state(tmp_path: Path, monkeyp
         assert store.adapter("L1-life", 2).status == "candidate" and len(store.events("L1-life")) == 1
 
 
-def test_racing_promotions_leave_exactly_one_live_version(tmp_path: Path) -> None:
-    path = tmp_path / "s.duckdb"
+@pytest.fixture(params=["duckdb", "postgresql"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where several connections open one store: a DuckDB file, or a PostgreSQL database."""
+    return request.getfixturevalue("postgres_url") if request.param == "postgresql" else tmp_path / "s.duckdb"
+
+
+def test_racing_promotions_leave_exactly_one_live_version(tmp_path: Path, shared: Path | str) -> None:
+    path = shared
     with Store(path) as store:
         _three_versions(store, tmp_path)
     racers, rounds = 6, 10
@@ -179,11 +185,13 @@ def _raced(store: Store, other: Store, version: int) -> None:
     store._set_live = late  # type: ignore[method-assign]
 
 
-def test_a_promotion_that_began_first_but_landed_last_is_last_in_the_history(tmp_path: Path) -> None:
-    with Store(tmp_path / "s.duckdb") as store:
+def test_a_promotion_that_began_first_but_landed_last_is_last_in_the_history(
+    tmp_path: Path, shared: Path | str
+) -> None:
+    with Store(shared) as store:
         _three_versions(store, tmp_path)
         promote(store, "L1-life", 1)
-    with Store(tmp_path / "s.duckdb") as first, Store(tmp_path / "s.duckdb") as second:
+    with Store(shared) as first, Store(shared) as second:
         _raced(first, second, 3)
         promote(first, "L1-life", 2)  # its transaction began before v3's promotion, its writes came after
         history = [(e.action, e.version, e.previous_version) for e in first.events("L1-life")]
@@ -191,12 +199,14 @@ def test_a_promotion_that_began_first_but_landed_last_is_last_in_the_history(tmp
         assert first.expert("L1-life").live_version == 2 and _live(first) == [2]
 
 
-def test_a_rollback_racing_a_promotion_undoes_the_version_live_when_it_lands(tmp_path: Path) -> None:
-    with Store(tmp_path / "s.duckdb") as store:
+def test_a_rollback_racing_a_promotion_undoes_the_version_live_when_it_lands(
+    tmp_path: Path, shared: Path | str
+) -> None:
+    with Store(shared) as store:
         _three_versions(store, tmp_path)
         promote(store, "L1-life", 1)
         promote(store, "L1-life", 2)
-    with Store(tmp_path / "s.duckdb") as first, Store(tmp_path / "s.duckdb") as second:
+    with Store(shared) as first, Store(shared) as second:
         _raced(first, second, 3)
         back = rollback(first, "L1-life")  # v3 went live while it ran: v3 is what it undoes, so v2 comes back
         assert back is not None and back.version == 2 and _live(first) == [2]

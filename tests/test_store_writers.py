@@ -1,0 +1,70 @@
+"""Many writing processes on one PostgreSQL store: a writer killed mid-chunk loses only its open chunk and resumes,
+the other runs lose and duplicate nothing, and a reader sees one consistent snapshot while they write."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+
+from autoevolve.store import Store
+from tests.test_store import make_traj
+
+CHUNK, CHUNKS = 400, 5
+
+
+def _chunks(run: str) -> list[list]:
+    return [[make_traj(c * CHUNK + i, run_id=run) for i in range(CHUNK)] for c in range(CHUNKS)]
+
+
+def _writer(url: str, run: str, started: mp.Event) -> None:  # type: ignore[valid-type]
+    """Commit a run's chunks in turn; ``started`` is set as its third chunk begins."""
+    with Store(url) as store:
+        for number, chunk in enumerate(_chunks(run)):
+            if number == 2:
+                started.set()
+            store.put_trajectories(chunk)
+
+
+def test_a_writer_killed_mid_chunk_costs_the_others_nothing_and_resumes(postgres_url: str) -> None:
+    Store(postgres_url).close()  # migrated before the writers race
+    ctx = mp.get_context("fork")
+    events = [ctx.Event() for _ in range(4)]
+    procs = [ctx.Process(target=_writer, args=(postgres_url, f"run{i}", e)) for i, e in enumerate(events)]
+    for p in procs:
+        p.start()
+    assert events[0].wait(60)
+    with Store.snapshot(postgres_url) as reader:  # one snapshot for as long as it is open
+        first = reader.count_trajectories()
+        os.kill(procs[0].pid, signal.SIGKILL)  # inside its third chunk's transaction
+        for p in procs[1:]:
+            p.join(120)
+        assert reader.count_trajectories() == first  # the writers' commits since are not in its snapshot
+        assert all(reader.count_trajectories(f"run{i}") % CHUNK == 0 for i in range(4))  # whole chunks only
+    procs[0].join(10)
+    assert procs[0].exitcode == -signal.SIGKILL and all(p.exitcode == 0 for p in procs[1:])
+    with Store(postgres_url) as store:
+        killed = store.count_trajectories("run0")
+        assert killed in (2 * CHUNK, 3 * CHUNK)  # its open chunk landed whole or not at all
+        assert [store.count_trajectories(f"run{i}") for i in range(1, 4)] == [CHUNKS * CHUNK] * 3
+        resumed = sum(store.put_trajectories(chunk) for chunk in _chunks("run0"))  # the run again: stored ones skip
+        assert resumed == CHUNKS * CHUNK - killed
+        assert store.count_trajectories() == 4 * CHUNKS * CHUNK
+        keys = store._one("SELECT count(DISTINCT (run_id, task_id, sample)) FROM trajectories")
+        assert keys == (4 * CHUNKS * CHUNK,)
+
+
+def test_a_round_runs_on_a_postgresql_store(tmp_path, tiny_model_dir, postgres_url: str) -> None:  # noqa: ANN001
+    from autoevolve import loop
+    from tests.test_flow import _tiny_config
+
+    config = _tiny_config(tmp_path, tiny_model_dir).model_copy(update={"store": postgres_url})
+    r = loop.open_round(config)
+    try:
+        report = loop.run_round(r)
+    finally:
+        r.bench.store.close()
+    with Store.snapshot(postgres_url) as store:
+        assert store.count_trajectories("tiny") == report["rollouts"] == 4 + 4 * 2
+        assert {s for _, s in store.finished_stages("tiny")} >= {"plan", "evolve", "select"}
+        assert [c.mutator for c in store.candidates("tiny")] == ["seed", "tool_format"]
