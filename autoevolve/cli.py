@@ -11,6 +11,7 @@ autoevolve export quickstart out/         a run's tables as Parquet folders part
 autoevolve registry list                  the LoRA experts and their live versions (also: show, promote, rollback,
                                           add-expert)
 autoevolve deploy configs/quickstart.yaml the run's Prefect deployments: the loop on its cron, stages on work pools
+                                          (a fleet file: every expert's, writing one store)
 autoevolve serve                          the registry's experts behind an OpenAI-compatible server, with the router
 """
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from autoevolve.config import ConfigError, RunConfig, load_config
 from autoevolve.envs import guard
 from autoevolve.envs.guard import EnvironmentFault
+from autoevolve.fleet.fleetfile import is_fleet_file, load_fleet
 from autoevolve.store.postgres import is_url
 
 DEFAULT_STORE = "trajectories/autoevolve.duckdb"
@@ -188,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     _registry_parser(sub)
     dep = sub.add_parser("deploy", help="create or update the run's Prefect deployments", description=_DEPLOY_HELP)
-    dep.add_argument("config", help="run config YAML; its deploy: section has the cron, work pools and GPU job")
+    dep.add_argument(
+        "config",
+        help="run config YAML (its deploy: section has the cron, work pools and GPU job), or a fleet file "
+        "(experts: a list of run configs and schedules, training_limit: distillations at once)",
+    )
     dep.add_argument("--dry-run", action="store_true", help="print the deployments; contact no Prefect server")
     _serve_parser(sub)
     args = parser.parse_args(argv)
@@ -210,6 +216,8 @@ def _command(args: argparse.Namespace) -> int:
         return _serve(args)
     if args.command in ("candidates", "diff", "selections", "inspect", "export"):
         return _read(args)
+    if args.command == "deploy" and is_fleet_file(args.config):
+        return _deploy_fleet(args.config, args.dry_run)
     with refusing(ConfigError, prefix="config error: "):
         config = load_config(args.config)
     with refusing(ValueError, prefix="env error: "):  # a broken task file stops here, before any model loads
@@ -555,6 +563,17 @@ def _deploy(config: RunConfig, path: str, dry_run: bool) -> int:
 
     with refusing(DeployError):
         print("\n".join(apply_deployments(config, path, dry_run)))
+    return 0
+
+
+def _deploy_fleet(path: str, dry_run: bool) -> int:
+    """Create or update every expert's deployments of a fleet file, and the training limit."""
+    from autoevolve_flows.deploy import DeployError, apply_fleet
+
+    with refusing(ConfigError, prefix="config error: "):
+        fleet, configs = load_fleet(path)
+    with refusing(DeployError):
+        print("\n".join(apply_fleet(fleet, configs, dry_run)))
     return 0
 
 

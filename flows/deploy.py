@@ -8,6 +8,7 @@ Every flow run starts in the checkout (``$AUTOEVOLVE_HOME``, default the folder 
 same path on every worker: the store, the run folders and the adapters live under it.
 
 Run: autoevolve deploy configs/quickstart.yaml [--dry-run]   (or, from prefect.yaml: prefect deploy --all)
+     autoevolve deploy fleet.yaml [--dry-run]   (several experts at once: ``autoevolve.fleet.fleetfile``)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 from prefect import flow, get_client
+from prefect.client.schemas.actions import WorkPoolUpdate
 from prefect.deployments.runner import DeploymentApplyError, RunnerDeployment
 from prefect.exceptions import ObjectNotFound
 from prefect.runner.storage import LocalStorage
@@ -30,6 +32,7 @@ from prefect.schedules import Cron
 from prefect.settings import get_current_settings
 
 from autoevolve.config import DeploySettings, RunConfig, load_config
+from autoevolve.fleet.fleetfile import FleetFile
 from autoevolve.views.narration import say
 from autoevolve_flows.loop_flow import loop_flow
 
@@ -132,6 +135,43 @@ def apply_deployments(config: RunConfig, config_path: str, dry_run: bool = False
     except DeploymentApplyError as exc:
         raise DeployError(f"the Prefect API refused a deployment: {exc}") from None
     return [*lines, f"{len(made)} deployments created or updated on {url}; flow runs start in {home}"]
+
+
+def apply_fleet(
+    fleet: FleetFile, configs: list[tuple[str, RunConfig]], dry_run: bool = False
+) -> list[str]:  # fmt: skip
+    """Every expert's deployments (the loop of each on its own cron; the stages, shared, once) and the GPU pool's
+    concurrency limit of ``fleet.training_limit`` distillations at once; lines to print (``dry_run``: only those)."""
+    home = Path(os.environ.get("AUTOEVOLVE_HOME") or Path.cwd()).resolve()
+    made: dict[str, RunnerDeployment] = {}
+    for path, config in configs:
+        for x in deployments(config, path, home):
+            made.setdefault(f"{x.flow_name}/{x.name}", x)  # stage deployments are the same for every expert
+    pools = {config.deploy.gpu_pool for _, config in configs}
+    lines = [describe(x) for x in made.values()]
+    lines += [f"work pool {pool}: at most {fleet.training_limit} distillations at once" for pool in sorted(pools)]
+    local = [str(config.expert) for _, config in configs if config.distill.deployment is None]
+    if local:
+        lines.append(f"note: {', '.join(local)} distil in the loop's own process (distill.deployment not set), "
+                     "outside the GPU pool and its limit")  # fmt: skip
+    if dry_run:
+        return [*lines, f"dry run: nothing created; flow runs would start in {home}"]
+    url = get_current_settings().api.url
+    if not url:
+        raise DeployError("no Prefect server: set PREFECT_API_URL (e.g. http://prefect-host:4200/api) first")
+    try:
+        for settings in {config.deploy.model_dump_json(): config.deploy for _, config in configs}.values():
+            _check_pools(settings)
+        for x in made.values():
+            x.apply()
+        with get_client(sync_client=True) as client:
+            for pool in pools:
+                client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=fleet.training_limit))
+    except httpx.HTTPError as exc:
+        raise DeployError(f"cannot reach the Prefect API at {url}: {exc}") from None
+    except DeploymentApplyError as exc:
+        raise DeployError(f"the Prefect API refused a deployment: {exc}") from None
+    return [*lines, f"{len(made)} deployments created or updated for {len(configs)} experts on {url}"]
 
 
 def _check_pools(d: DeploySettings) -> None:

@@ -183,6 +183,62 @@ def test_deploy_names_the_work_pool_that_is_missing(tmp_path: Path, pools, capsy
     )
 
 
+def _fleet(tmp_path: Path, store: str, cron: str = "30 3 * * *") -> Path:
+    """Two experts' run configs writing ``store`` and the fleet file that lists them (the second on ``cron``)."""
+    for name in ("life", "chat"):
+        (tmp_path / f"{name}.yaml").write_text(
+            f"hcp: {ROOT}/prompts/life.yaml\nexpert: L1-{name}\nstore: '{store}'\nrun_dir: {tmp_path}/runs\n"
+        )
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"training_limit: 2\nexperts:\n  - config: life.yaml\n  - config: chat.yaml\n    cron: '{cron}'\n")
+    return fleet
+
+
+def test_a_fleet_deploys_every_experts_loop_the_stages_once_and_the_training_limit(tmp_path, pools, capsys) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolUpdate
+
+    from autoevolve.cli import main
+
+    fleet = _fleet(tmp_path, "postgresql://ae@db.internal/autoevolve")
+    env = os.environ | {"PREFECT_API_URL": "http://127.0.0.1:9/api"}  # a dry run contacts nothing
+    done = subprocess.run(
+        [sys.executable, "-m", "autoevolve.cli", "deploy", str(fleet), "--dry-run"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    names = ["autoevolve-evolution/life", *NAMES, "autoevolve-evolution/chat"]  # the stages once, for both
+    assert [line.split(":")[0] for line in lines[:7]] == names
+    assert "cron '0 2 * * *'" in lines[0] and "cron '30 3 * * *'" in lines[6]
+    assert lines[7] == f"work pool {GPU}: at most 2 distillations at once"
+    assert lines[8].startswith("note: L1-life, L1-chat distil in the loop's own process")
+
+    assert main(["deploy", str(fleet)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("7 deployments created or updated for 2 experts")
+    with get_client(sync_client=True) as client:
+        loops = [client.read_deployment_by_name(f"autoevolve-evolution/{n}") for n in ("life", "chat")]
+        assert client.read_work_pool(GPU).concurrency_limit == 2
+        client.update_work_pool(GPU, WorkPoolUpdate(concurrency_limit=None))  # as the other tests found it
+    assert [d.schedules[0].schedule.cron for d in loops] == ["0 2 * * *", "30 3 * * *"]
+    assert all(d.global_concurrency_limit.limit == 1 for d in loops)  # one run of each expert at a time
+
+
+@pytest.mark.parametrize(
+    ("store", "error"),
+    [
+        ("trajectories/shared.duckdb", "2 experts would write the DuckDB file trajectories/shared.duckdb at once"),
+        ("postgresql://ae@db/x", "experts[1].cron: "),
+    ],
+)
+def test_a_fleet_that_cannot_run_is_refused_naming_why(tmp_path: Path, store: str, error: str, capsys) -> None:
+    from autoevolve.cli import main
+
+    fleet = _fleet(tmp_path, store, cron="30 3 * *" if "postgresql" in store else "30 3 * * *")
+    assert main(["deploy", str(fleet), "--dry-run"]) == 2
+    assert error in capsys.readouterr().err
+
+
 def test_prefect_deploy_all_makes_the_deployments_of_prefect_yaml(pools) -> None:
     from prefect.client.orchestration import get_client
 
