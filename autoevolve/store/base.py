@@ -286,10 +286,6 @@ class Connection:
 
     def _migrate(self) -> list[int]:
         """Apply every migration not yet recorded, one transaction each; returns the versions applied."""
-        self._write(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
-        )
         if self.url:  # processes opening a new database at once migrate it one after another
             self._all("SELECT pg_advisory_lock(?)", [MIGRATION_LOCK])
         try:
@@ -300,6 +296,10 @@ class Connection:
 
     def _apply_migrations(self) -> list[int]:
         """The migrations not yet recorded, applied in order."""
+        self._write(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            "version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP DEFAULT current_timestamp)"
+        )
         applied = self._applied()
         done = []
         for version, name, sql in sorted(MIGRATIONS):

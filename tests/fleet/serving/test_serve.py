@@ -463,3 +463,16 @@ def test_a_routed_conversation_through_the_server_is_stored_as_converse_stores_i
         call.function.name,
     )
     assert stored[2].messages[-1].adapter == "L0-chat@v1" and stored[2].messages[-2].content.startswith("Thanks!")
+
+
+def test_a_registry_in_a_postgresql_store_is_served(tmp_path, peaked_dir, postgres_url) -> None:  # noqa: ANN001
+    from autoevolve.policy.local import LocalPolicy
+
+    base = str(peaked_dir)
+    with Store(postgres_url) as store:
+        for seed in (1, 2):
+            registered(store, "L1-life", random_adapter(base, tmp_path / f"v{seed}", seed, base), base, LIFE)
+    fleet = open_fleet(postgres_url, LocalPolicy(base, dtype="float32"), say=lambda _: None)
+    folders, experts = recorded_folders(postgres_url)()
+    assert {"L1-life", "L1-life@v1", "L1-life@v2"} <= set(fleet.slots) and experts == {"L1-life"}
+    assert folders == {(tmp_path / "v1").resolve(): "L1-life@v1", (tmp_path / "v2").resolve(): "L1-life@v2"}
