@@ -19,6 +19,7 @@ easy one. Each item names the baseline rollout it beat (the original's lowest-re
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -120,20 +121,20 @@ def harvest(
     a win phrased like it."""
     made: list[Trajectory] = []
     shown = [Demo(task_id=t.task_id, messages=t.messages) for t in demos or []]
-    for number in range(ROUND_SAMPLES - first_sample % ROUND_SAMPLES):
-        todo = todo[: budget - len(made)]
-        if not todo:
-            break
+    for number in itertools.count():  # each pass makes at least one rollout: the budget ends them
+        batch = todo[: budget - len(made)]
+        if not batch:
+            return made
         rolled = []
-        for tier in sorted({t.tier for t in todo}):
+        for tier in sorted({t.tier for t in batch}):
             config = _with_demos(configs[tier], shown) if demos is not None else configs[tier]
-            batch = [t for t in todo if t.tier == tier]
-            rolled += bench.rollouts(config, batch, adapter, "select", first_sample=first_sample + number)
+            mine = [t for t in batch if t.tier == tier]
+            rolled += bench.rollouts(config, mine, adapter, "select", first_sample=first_sample + number)
         wins = [t for t in rolled if t.reward >= min_reward and not t.error]
         shown += [Demo(task_id=t.task_id, messages=t.messages) for t in wins]
         todo = [t for t in todo if t.id not in {w.task_id for w in wins}]
         made += rolled
-    return made
+    raise AssertionError("unreachable")
 
 
 def _with_demos(config: HCPConfig, wins: list[Demo]) -> HCPConfig:
