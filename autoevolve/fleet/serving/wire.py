@@ -242,13 +242,13 @@ def _text(content: Any, i: int) -> str:
 
 def _call(call: dict[str, Any], i: int, j: int) -> ToolCall:
     """One assistant tool call of the request."""
-    fn = call.get("function") or {}
-    arguments = fn.get("arguments", "{}")
-    if not isinstance(arguments, str):  # some clients send the object itself
-        arguments = json.dumps(arguments)
+    fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(call.get("id"), str) or not isinstance(fn.get("name"), str):
         where = f"messages[{i}].tool_calls[{j}]"
         raise WireError(f"{where}: needs an id and function.name (strings)", param=where)
+    arguments = fn.get("arguments", "{}")
+    if not isinstance(arguments, str):  # some clients send the object itself
+        arguments = json.dumps(arguments)
     return ToolCall(id=call["id"], function={"name": fn["name"], "arguments": arguments})
 
 

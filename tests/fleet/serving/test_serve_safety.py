@@ -104,6 +104,18 @@ def test_errors_are_the_references_object_on_every_route_and_status(policy, tiny
                 "messages[0].tool_call_id",
             ),
             (
+                httpx.post(
+                    f"{url}/v1/chat/completions",
+                    headers=key,
+                    json={
+                        "model": str(tiny_model_dir),
+                        "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": [None]}]}],
+                    },
+                ),
+                400,
+                "messages[0].tool_calls[0]",
+            ),
+            (
                 httpx.post(f"{url}/v1/chat/completions", headers=key, content=b" " * (MAX_BODY_BYTES + 1)),
                 413,
                 None,
