@@ -416,3 +416,12 @@ def test_every_record_field_has_a_column(store: Store) -> None:
         c for (c,) in store._all("SELECT column_name FROM information_schema.columns WHERE table_name = 'selections'")
     }
     assert set(Selection.model_fields) - {"items"} <= sel_cols
+
+
+def test_an_unreachable_postgresql_store_is_a_store_error_without_its_password() -> None:
+    from autoevolve.store import StoreError
+
+    said = r"postgresql://ae:\*\*\*@127.0.0.1:9/db: connection failed: .* refused"
+    with pytest.raises(StoreError, match=said) as err:
+        Store("postgresql://ae:secret@127.0.0.1:9/db")
+    assert "secret" not in str(err.value) and "\n" not in str(err.value)

@@ -153,7 +153,7 @@ class Connection:
             raise FileNotFoundError(f"no store at {self.path} to open read-only")
         elif not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.con: Any = PgConnection(self.url, read_only) if self.url else self._connect(wait_s)
+        self.con: Any = self._connect_url(read_only) if self.url else self._connect(wait_s)
         try:
             self._check_version()
             if not read_only:
@@ -190,6 +190,13 @@ class Connection:
             raise
         store._private, store.path = copy.parent, path  # messages name the store the reader asked for
         return store
+
+    def _connect_url(self, read_only: bool) -> PgConnection:
+        """Connect to the PostgreSQL database; StoreError naming it when it cannot be reached."""
+        try:
+            return PgConnection(str(self.url), read_only)
+        except ConnectionError as exc:
+            raise StoreError(f"{exc}; check the URL in store:, and that the server runs") from None
 
     def _connect(self, wait_s: float) -> duckdb.DuckDBPyConnection:
         """Connect, retrying while another process holds the file; StoreBusy naming it after ``wait_s``."""

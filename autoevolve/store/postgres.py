@@ -65,7 +65,8 @@ class PgConnection:
         try:
             self.con = psycopg.connect(url, autocommit=True)
         except psycopg.OperationalError as exc:
-            raise ConnectionError(f"cannot connect to the store at {shown(url)}: {str(exc).strip()}") from None
+            said = " ".join(str(exc).split())
+            raise ConnectionError(f"cannot connect to the store at {shown(url)}: {said}") from None
         self._cursor: Any = None
         if read_only:  # one snapshot for the reader's whole life, as a DuckDB reader's private copy
             self.con.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
