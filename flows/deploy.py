@@ -137,9 +137,7 @@ def apply_deployments(config: RunConfig, config_path: str, dry_run: bool = False
     return [*lines, f"{len(made)} deployments created or updated on {url}; flow runs start in {home}"]
 
 
-def apply_fleet(
-    fleet: FleetFile, configs: list[tuple[str, RunConfig]], dry_run: bool = False
-) -> list[str]:  # fmt: skip
+def apply_fleet(fleet: FleetFile, configs: list[tuple[str, RunConfig]], dry_run: bool = False) -> list[str]:
     """Every expert's deployments (the loop of each on its own cron; the stages, shared, once) and the GPU pool's
     concurrency limit of ``fleet.training_limit`` distillations at once; lines to print (``dry_run``: only those)."""
     home = Path(os.environ.get("AUTOEVOLVE_HOME") or Path.cwd()).resolve()
