@@ -123,17 +123,7 @@ def apply_deployments(config: RunConfig, config_path: str, dry_run: bool = False
                      "autoevolve-distill/gpu to train on the GPU pool")  # fmt: skip
     if dry_run:
         return [*lines, f"dry run: nothing created; flow runs would start in {home}"]
-    url = get_current_settings().api.url
-    if not url:
-        raise DeployError("no Prefect server: set PREFECT_API_URL (e.g. http://prefect-host:4200/api) first")
-    try:
-        _check_pools(config.deploy)
-        for x in made:
-            x.apply()
-    except httpx.HTTPError as exc:
-        raise DeployError(f"cannot reach the Prefect API at {url}: {exc}") from None
-    except DeploymentApplyError as exc:
-        raise DeployError(f"the Prefect API refused a deployment: {exc}") from None
+    url = _applied([config.deploy], made)
     return [*lines, f"{len(made)} deployments created or updated on {url}; flow runs start in {home}"]
 
 
@@ -154,22 +144,29 @@ def apply_fleet(fleet: FleetFile, configs: list[tuple[str, RunConfig]], dry_run:
                      "outside the GPU pool and its limit")  # fmt: skip
     if dry_run:
         return [*lines, f"dry run: nothing created; flow runs would start in {home}"]
+    url = _applied([c.deploy for _, c in configs], list(made.values()), {p: fleet.training_limit for p in pools})
+    return [*lines, f"{len(made)} deployments created or updated for {len(configs)} experts on {url}"]
+
+
+def _applied(settings: list[DeploySettings], made: list[RunnerDeployment], limits: dict[str, int] | None = None) -> str:
+    """Check the work pools, apply the deployments and set pools' concurrency ``limits`` on the Prefect API; its
+    URL. DeployError when there is none, it cannot be reached, or it refuses."""
     url = get_current_settings().api.url
     if not url:
         raise DeployError("no Prefect server: set PREFECT_API_URL (e.g. http://prefect-host:4200/api) first")
     try:
-        for settings in {config.deploy.model_dump_json(): config.deploy for _, config in configs}.values():
-            _check_pools(settings)
-        for x in made.values():
+        for each in {d.model_dump_json(): d for d in settings}.values():
+            _check_pools(each)
+        for x in made:
             x.apply()
         with get_client(sync_client=True) as client:
-            for pool in pools:
-                client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=fleet.training_limit))
+            for pool, limit in (limits or {}).items():
+                client.update_work_pool(pool, WorkPoolUpdate(concurrency_limit=limit))
     except httpx.HTTPError as exc:
         raise DeployError(f"cannot reach the Prefect API at {url}: {exc}") from None
     except DeploymentApplyError as exc:
         raise DeployError(f"the Prefect API refused a deployment: {exc}") from None
-    return [*lines, f"{len(made)} deployments created or updated for {len(configs)} experts on {url}"]
+    return url
 
 
 def _check_pools(d: DeploySettings) -> None:
