@@ -39,6 +39,9 @@ number: {NUMBER}
 """
 
 
+# A reply that is not a call: anything whose first character past any whitespace does not open a JSON call.
+TEXT = r"TEXT: /\s*[^\s{\[][\s\S]*/" + "\n"
+
 # JSON calls exactly as the harness writes them (json.dumps: ", " and ": ", no other whitespace). Flexible whitespace
 # would let a model pad a call forever inside the grammar (a random model does, until max_tokens).
 COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -55,7 +58,10 @@ def lark(spec: CallConstraint) -> str:
     lines = 'call ("\\n" call)*' if spec.parallel else "call"  # several calls: one per line, as the harness writes
     if spec.syntax == "json":
         one = json_schema(spec.model_copy(update={"parallel": False})) | {"x-guidance": COMPACT}
-        return f"start: {plan}{lines}\ncall: %json {json.dumps(one)}\n"
+        calls = f"{plan}{lines}\ncall: %json {json.dumps(one)}\n"
+        return f"start: calls | TEXT\ncalls: {calls}{TEXT}" if spec.or_text else f"start: {calls}"
+    if spec.or_text:
+        raise ValueError(f"a reply of text or a call is held to its grammar in JSON call syntax, not {spec.syntax!r}")
     rules = [_python_function(i, fn) for i, fn in enumerate(functions)]
     one = " | ".join(f"f{i}" for i in range(len(rules)))
     if spec.syntax == "python_list":

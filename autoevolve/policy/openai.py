@@ -185,9 +185,17 @@ class OpenAIPolicy:
 def constrained(request: ChatRequest) -> dict[str, Any]:
     """The chat-completion parameters that hold a reply to a tool call, by the OpenAI spec: with native tools,
     ``tool_choice: "required"`` (and ``parallel_tool_calls`` as the task allows); with calls written as JSON text,
-    ``response_format`` with the calls' JSON schema (structured outputs). Calls in Python syntax have no equivalent
-    in the API: ValueError says what to change."""
+    ``response_format`` with the calls' JSON schema (structured outputs). A reply of text or calls (``or_text``) is
+    ``tool_choice: "auto"`` over native tools marked ``strict``. Other cases have no equivalent in the API:
+    ValueError says what to change."""
     spec = request.constrain
+    if spec.or_text and request.tools:
+        strict = [_strict(t) for t in request.tools]
+        return {"tool_choice": "auto", "tools": strict, "parallel_tool_calls": spec.parallel}
+    if spec.or_text:
+        raise ValueError(
+            "a reply of text or a JSON call written as text has no equivalent in the API: use native tools"
+        )
     if request.tools:
         return {"tool_choice": "required", "parallel_tool_calls": spec.parallel}
     if spec.syntax != "json":
@@ -199,6 +207,11 @@ def constrained(request: ChatRequest) -> dict[str, Any]:
 
     schema = {"name": "tool_call", "schema": json_schema(spec), "strict": False}
     return {"response_format": {"type": "json_schema", "json_schema": schema}}
+
+
+def _strict(tool: dict[str, Any]) -> dict[str, Any]:
+    """A native tool whose calls the server holds to its schema."""
+    return {**tool, "function": {**tool["function"], "strict": True}}
 
 
 def _completion(response: Any) -> Completion:

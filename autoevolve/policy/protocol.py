@@ -12,8 +12,10 @@ from autoevolve.records import ToolCall
 
 class CallConstraint(BaseModel):
     """A reply that must be a tool call (``decoding.constrain: tool_call``): one of ``tools`` in ``syntax``,
-    several in one reply when ``parallel``, after an optional 'Plan:' line when ``plan_line``. With ``json_value``
-    instead, a reply that is one JSON value of that schema (a served request's ``response_format``)."""
+    several in one reply when ``parallel``, after an optional 'Plan:' line when ``plan_line``. With ``or_text``,
+    a reply may instead be text that does not open with a call (JSON syntax only: a served request's ``strict``
+    tools under ``tool_choice: auto``). With ``json_value`` instead, a reply that is one JSON value of that schema
+    (a served request's ``response_format``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -21,6 +23,7 @@ class CallConstraint(BaseModel):
     syntax: Literal["json", "python", "python_list"]
     parallel: bool = False
     plan_line: bool = False
+    or_text: bool = False
     json_value: dict[str, Any] | None = None
 
 

@@ -101,6 +101,18 @@ def test_a_plan_line_may_come_first_when_the_scaffold_asks(grammars, tokenizer) 
     assert not _accepts(grammars, tokenizer, CallConstraint(tools=TOOLS, syntax="python"), text)
 
 
+def test_text_or_a_call_takes_prose_and_typed_calls_but_no_malformed_call(grammars, tokenizer) -> None:
+    either = CallConstraint(tools=TOOLS, syntax="json", parallel=True, or_text=True)
+    good = ToolCall.make("c1", "calculate_triangle_area", {"base": 10, "height": 2.5})
+    for text in ["The area is 12.5 square cm.", "  Sure: {braces} later are prose", format_calls([good, good], "json")]:
+        assert _accepts(grammars, tokenizer, either, text), text
+    bad = ToolCall.make("c2", "calculate_triangle_area", {"base": "ten", "height": 2})
+    for text in [format_calls([bad], "json"), ' {"name": "math_fibonacci", "arguments": {}}', "[1, 2]", ""]:
+        assert not _accepts(grammars, tokenizer, either, text), text
+    with pytest.raises(ValueError, match="in JSON call syntax, not 'python'"):
+        lark(CallConstraint(tools=TOOLS, syntax="python", or_text=True))
+
+
 def test_a_grammar_needs_tools() -> None:
     with pytest.raises(ValueError, match="needs tools to call"):
         lark(CallConstraint(tools=[], syntax="json"))
@@ -186,6 +198,12 @@ def test_the_openai_policy_asks_the_server_for_its_own_equivalent() -> None:
     assert [c["properties"]["name"]["const"] for c in schema["anyOf"]] == NAMES
     with pytest.raises(ValueError, match="no grammar for calls in Python syntax; use tool_format 'native'"):
         constrained(ChatRequest(messages=[], constrain=CallConstraint(tools=TOOLS, syntax="python_list")))
+    either = spec.model_copy(update={"or_text": True})
+    asked = constrained(ChatRequest(messages=[], tools=TOOLS, constrain=either))
+    assert asked["tool_choice"] == "auto" and [t["function"]["strict"] for t in asked["tools"]] == [True, True]
+    assert "strict" not in TOOLS[0]["function"]  # the request's own tools are left as they were
+    with pytest.raises(ValueError, match="no equivalent in the API: use native tools"):
+        constrained(ChatRequest(messages=[], constrain=either))
 
 
 def test_python_call_syntax_writes_python_literals_the_parser_reads_back() -> None:

@@ -55,7 +55,8 @@ def harnessed_call(
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [_wire(m) for m in history]
         tools = _only(offered, forced)
         parallel = body.parallel_tool_calls
-        constrain = _forced(tools, "json", parallel, body) if tools else _shaped(shaped)
+        calls = _forced(tools, "json", parallel, body) or _strict(tools, "json", parallel, body)
+        constrain = calls if tools else _shaped(shaped)
         request = ChatRequest(
             messages=messages,
             tools=tools or None,
@@ -76,10 +77,12 @@ def harnessed_call(
     messages, native = config.render(task, history)
     syntax = "json" if config.tool_format == "native" else config.call_syntax
     parallel = bool(task.metadata.get(PARALLEL_CALLS))
-    constrain = _forced(tools, syntax, parallel, body) if tools else None
-    request = _sampled(
-        config, body, messages, native, constrain=constrain or (constraint(config, task) if tools else _shaped(shaped))
-    )
+    if tools:
+        constrain = _forced(tools, syntax, parallel, body) or constraint(config, task)
+        constrain = constrain or _strict(tools, syntax, parallel, body)
+    else:
+        constrain = _shaped(shaped)
+    request = _sampled(config, body, messages, native, constrain=constrain)
     return request, View(config, task, tools, parallel)
 
 
@@ -153,6 +156,15 @@ def _forced(tools: list[dict[str, Any]], syntax: str, parallel: bool, body: Chat
     if body.tool_choice != "required" and body.forced_tool() is None:
         return None
     return CallConstraint(tools=tools, syntax=syntax, parallel=parallel)
+
+
+def _strict(tools: list[dict[str, Any]], syntax: str, parallel: bool, body: ChatBody) -> CallConstraint | None:
+    """Under ``tool_choice: auto``, when a requested tool is ``strict``: the grammar of a reply that is text or
+    calls of the offered tools held to their schemas. JSON calls only; calls in a harness's Python syntax are
+    checked against their schemas once written, as every call is."""
+    if syntax != "json" or not any((t.get("function") or {}).get("strict") for t in body.tools or []):
+        return None
+    return CallConstraint(tools=tools, syntax=syntax, parallel=parallel, or_text=True)
 
 
 def read_calls(completion: Completion, view: View) -> list[ToolCall]:

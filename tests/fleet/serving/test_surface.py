@@ -170,3 +170,34 @@ def _metric(text: str, metric: str, model: str, extra: str = "") -> float:
         if line.startswith(metric + "{") and f'model_name="{model}"' in line and extra in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_a_strict_tool_under_auto_holds_a_call_to_its_schema_and_leaves_text_free(bare) -> None:
+    from autoevolve.fleet.serving.calls import harnessed_call
+    from autoevolve.fleet.serving.wire import ChatBody, conversation
+
+    url, name, _ = bare
+    size = {"type": "object", "properties": {"size": {"enum": ["small", "large"]}}, "required": ["size"]}
+    pick = {"name": "pick_car", "parameters": size}
+    hi = [{"role": "user", "content": "Which car?"}]
+
+    def constraint(**body):  # noqa: ANN003, ANN202
+        history, system = conversation(hi)
+        return harnessed_call(None, ChatBody(model=name, messages=hi, **body), history, system, None)[0].constrain
+
+    strict = [{"type": "function", "function": {**pick, "strict": True}}]
+    assert constraint(tools=strict).or_text and constraint(tools=strict, tool_choice="auto").tools == strict
+    assert constraint(tools=[{"type": "function", "function": pick}]) is None  # not strict: checked once written
+    assert (
+        not constraint(tools=strict, tool_choice="required").or_text
+        and constraint(tools=strict, tool_choice="none") is None
+    )
+    ask = {"model": name, "messages": hi, "tools": strict, "max_tokens": 12, "temperature": 1.0, "n": 4, "seed": 5}
+    answer = httpx.post(f"{url}/v1/chat/completions", json=ask)
+    assert answer.status_code == 200 and len(answer.json()["choices"]) == 4
+    for choice in answer.json()["choices"]:
+        message = choice["message"]
+        if message.get("tool_calls"):
+            assert json.loads(message["tool_calls"][0]["function"]["arguments"])["size"] in ("small", "large")
+        else:
+            assert message["content"].strip() and message["content"].lstrip()[0] not in "{["
