@@ -330,6 +330,29 @@ def test_selection_round_trip_and_idempotent(store: Store) -> None:
         store.selection("nope")
 
 
+def test_a_selections_kept_and_beaten_rollouts_come_back_in_its_order(store: Store) -> None:
+    store.put_trajectories([make_traj(t, s, hcp_id=h) for t in range(3) for s in range(2) for h in ("h0", "h1")])
+    items = [
+        SelectedTrajectory(task_id=f"t{t:06d}", hcp_id="h1", adapter="", sample=s, reward=1.0, baseline_hcp_id="h0",
+                           baseline_sample=1 - s, baseline_reward=0.0)
+        for t, s in [(2, 1), (0, 0), (1, 1)]
+    ]  # fmt: skip
+    sel = Selection(id="s", run_id="run1", round=0, baseline_hcp_id="h0", evolved_hcp_id="h1", adapter="", items=items)
+    assert [(t.hcp_id, t.task_id, t.sample) for t in store.kept_rollouts(sel)] == [
+        ("h1", "t000002", 1),
+        ("h1", "t000000", 0),
+        ("h1", "t000001", 1),
+    ]
+    assert [(t.hcp_id, t.task_id, t.sample) for t in store.beaten_rollouts(sel)] == [
+        ("h0", "t000002", 0),
+        ("h0", "t000000", 1),
+        ("h0", "t000001", 0),
+    ]
+    missing = sel.model_copy(update={"items": [items[0].model_copy(update={"sample": 7})]})
+    with pytest.raises(KeyError, match="no stored rollout"):
+        store.kept_rollouts(missing)
+
+
 def test_adapter_versioning_and_promotion(store: Store) -> None:
     assert store.next_adapter_version("L1-life") == 1
     assert store.promoted_adapter("L1-life") is None

@@ -248,7 +248,7 @@ class RunTables(Connection):
             f"SELECT {_cols(TRAJ_COLS)} FROM trajectories JOIN ("
             "SELECT unnest(?::VARCHAR[]) AS hcp_id, unnest(?::VARCHAR[]) AS adapter, unnest(?::VARCHAR[]) AS task_id, "
             "unnest(?::INTEGER[]) AS sample, unnest(?::INTEGER[]) AS position"
-            ") USING (hcp_id, adapter, task_id, sample) WHERE run_id = ? ORDER BY position",
+            ") AS wanted USING (hcp_id, adapter, task_id, sample) WHERE run_id = ? ORDER BY position",
             [*(list(c) for c in columns), list(range(len(keys))), run_id],
         )
         found = [_traj_from_row(r) for r in rows]
