@@ -143,6 +143,7 @@ def _prepared_store(config_path: Path) -> None:
     (reward 0); stage 2 runs for real on them (it reads stored rollouts back, it generates nothing).
     """
     config = load_config(config_path)
+    run = str(config.run_id)
     r = loop.open_round(config, policy=NoCalls())
     try:
         env, original = r.bench.env, r.original
@@ -156,7 +157,7 @@ def _prepared_store(config_path: Path) -> None:
             store.put_trajectories(
                 [
                     Trajectory(
-                        run_id="resume",
+                        run_id=run,
                         task_id=t.id,
                         split="train",
                         tier=t.tier,
@@ -171,7 +172,7 @@ def _prepared_store(config_path: Path) -> None:
         for hcp, mean in ((original, 0.0), (evolved, 1.0)):
             store.put_candidate(
                 Candidate(
-                    run_id="resume",
+                    run_id=run,
                     round=0,
                     hcp_id=hcp.id,
                     mutator="seed" if mean == 0 else "demos",
@@ -180,7 +181,7 @@ def _prepared_store(config_path: Path) -> None:
                     mean_reward=mean,
                 )
             )
-        store.put_stage("resume", 0, "evolve", {"best": evolved.id, "budget": {}}, 1.0)
+        store.put_stage(run, 0, "evolve", {"best": evolved.id, "budget": {}}, 1.0)
         assert len(pipeline.run_stage(r, "select").items) == 12
     finally:
         r.bench.store.close()
