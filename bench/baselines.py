@@ -9,8 +9,9 @@ same labels and the same rollout budget, on the same test tasks under the origin
   ones still unsolved, pass after pass) until it has made as many rollouts as the loop; its full-reward wins and the
   references are trained on, from the base.
 - icl_distill: no search: the base model under the original config showing the labelled references as demos (the
-  config the loop's search starts from) samples the same tasks with the same budget; its wins and the references
-  are trained on. loop - icl_distill is what stage 1's search adds.
+  config the loop's search starts from) samples the same tasks with the same budget, through the loop's own stage 2
+  harvest (its wins shown as demos too when ``select.own_demos``); its wins and the references are trained on.
+  loop - icl_distill is what stage 1's search adds.
 - rft: the base model under the original config samples the loop's train tasks (no labels), the wins trained on.
 - no_refs: the loop without labels (``labels.budget: 0``, or ``evolve.references: false``).
 - sft_truth / sft_all_truth (asked for by name): LoRA SFT on the references of the train tasks the loop distilled /
@@ -283,40 +284,45 @@ def sft_all_truth(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
 
 
 def harvest(
-    policy: Any, cfg: Any, hcp: Any, adapter: str, task_ids: list[str], budget: int
+    policy: Any, cfg: Any, hcp: Any, adapter: str, task_ids: list[str], budget: int, own_demos: bool = False
 ) -> tuple[list[Any], int, str]:
-    """Samples of ``hcp`` (+ ``adapter``) on the tasks, pass after pass, until ``budget`` rollouts are made: pass 0
-    as the config decodes, later passes at select.temperature and only on the tasks not yet won. Returns one
-    full-reward, error-free win per task won (the first), the rollouts made, and a note."""
+    """Rollouts of ``hcp`` (+ ``adapter``) on the tasks until ``budget`` are made: a first pass as the config
+    decodes, then stage 2's harvest passes (``select.harvest``) at select.temperature on the tasks not yet won,
+    showing the wins so far as demos when ``own_demos``. Returns one full-reward, error-free win per task won (the
+    first), the rollouts made, and a note."""
     from autoevolve.harness.workbench import Workbench
+    from autoevolve.stages.select import harvest as passes
     from autoevolve.store import Store
 
-    env = cfg.env.make()
-    by_id = {t.id: t for t in env.tasks("train")}
-    todo, wins, made, passes = [by_id[i] for i in task_ids], [], 0, 0
+    by_id = {t.id: t for t in cfg.env.make().tasks("train")}
+    tasks = [by_id[i] for i in task_ids][:budget]
     with Store(cfg.store) as store:
-        bench = Workbench(policy, env, store, str(cfg.run_id), seed=cfg.seed)
-        while todo and made < budget:
-            batch = todo[: budget - made]
-            config = hcp if passes == 0 else hcp.sampled(cfg.select.temperature)
-            drawn = bench.rollouts(config, batch, adapter, stage="select", first_sample=passes)
-            made += len(drawn)
-            won = {t.task_id: t for t in drawn if t.reward >= 1.0 and not t.error}
-            wins += [won[t.id] for t in batch if t.id in won]
-            todo = [t for t in todo if t.id not in won]
-            passes += 1
-    note = f"{made} rollouts in {passes} passes over {len(task_ids)} tasks: {len(wins)} won"
-    return wins, made, note
+        bench = Workbench(policy, cfg.env.make(), store, str(cfg.run_id), seed=cfg.seed)
+        made = bench.rollouts(hcp, tasks, adapter, stage="select")
+        wins = [t for t in made if t.reward >= 1.0 and not t.error]
+        todo = [t for t in tasks if t.id not in {w.task_id for w in wins}]
+        configs = {tier: hcp.sampled(cfg.select.temperature) for tier in {t.tier for t in tasks}}
+        made += passes(bench, configs, todo, budget - len(made), adapter, 1, 1.0, list(wins) if own_demos else None)
+    first = {}
+    for t in made:
+        if t.reward >= 1.0 and not t.error:
+            first.setdefault(t.task_id, t)
+    wins = [first[i] for i in task_ids if i in first]
+    demos = ", showing its wins as demos" if own_demos else ""
+    note = f"{len(made)} rollouts over {len(task_ids)} tasks{demos}: {len(wins)} won"
+    return wins, len(made), note
 
 
-def distilled_arm(policy: Any, config: Any, arm: str, facts: dict[str, Any], hcp: Any, adapter: str = "") -> Arm:
+def distilled_arm(
+    policy: Any, config: Any, arm: str, facts: dict[str, Any], hcp: Any, adapter: str = "", own_demos: bool = False
+) -> Arm:
     """An arm that harvests the loop's train tasks with ``hcp`` (+ ``adapter``) on the loop's rollout budget and
     trains on its wins and the labelled references, from the base."""
     from autoevolve.stages.distill.dataset import render_examples
 
     cfg, refs = arm_config(config, arm), facts["references"]
     tasks = [i for i in facts["train_tasks"] if i not in set(refs)]
-    wins, made, note = harvest(policy, cfg, hcp, adapter, tasks, facts["rollouts"])
+    wins, made, note = harvest(policy, cfg, hcp, adapter, tasks, facts["rollouts"], own_demos)
     by_id = {t.id: t for t in cfg.env.make().tasks("train")}
     examples = render_examples(wins, by_id, cfg.original_hcp()) + examples_of(cfg, refs)
     note += f" ({shortcuts(wins, cfg.env.make())} skip a call their reference makes); + {len(refs)} references"
@@ -345,7 +351,7 @@ def icl_distill(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
         return Arm("icl_distill", len(refs), 0, 0, 0, 0.0, score(policy, arm_config(config, "icl_distill")),
                    "fewer than two references: the base")  # fmt: skip
     shown = labels.demos_config(config.original_hcp(), refs, min(e.demo_k), e.demo_styles[0])
-    return distilled_arm(policy, config, "icl_distill", facts, shown)
+    return distilled_arm(policy, config, "icl_distill", facts, shown, own_demos=config.select.own_demos)
 
 
 def rft(policy: Any, config: Any, facts: dict[str, Any]) -> Arm:
