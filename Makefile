@@ -59,8 +59,10 @@ bench-profile: install  # where a quickstart round's time goes, stage by stage, 
 bench-store: install  # snapshot publish and read cost by store size, under a minute
 	$(PY) bench/store_snapshot.py
 
-bench-writers: install  # 1, 4 and 16 writer processes per store engine (a DuckDB file, a file per run, PostgreSQL)
-	$(PY) bench/store_writers.py
+# 1, 4 and 16 writer processes per store engine (a DuckDB file, a file per run, PostgreSQL; DuckLake with
+# DUCKLAKE_PYTHON: a python with duckdb==1.4.4, duckdb-ext-ducklake and duckdb-ext-sqlite, as DuckLake needs DuckDB 1.4)
+bench-writers: install
+	$(PY) bench/store_writers.py $(if $(DUCKLAKE_PYTHON),--ducklake-python $(DUCKLAKE_PYTHON))
 
 bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 60 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'

@@ -11,6 +11,12 @@ Engines, side by side in one process tree:
   file (waiting while another holds it), writes and closes.
 - ``duckdb-per-run``: one DuckDB file per writer, held open for its whole run (no waiting); the reader attaches
   every file and reads them as one.
+- ``ducklake``: DuckLake, its catalog in a SQLite file and its data as Parquet files in a folder (the local
+  many-process setup). Its extension is built for DuckDB <= 1.4 and the project pins a newer DuckDB, so its writers
+  are processes of another interpreter (``--ducklake-python``, with ``duckdb==1.4.*``, ``duckdb-ext-ducklake`` and
+  ``duckdb-ext-sqlite``), running ``bench/ducklake_writer.py``: a commit writes the chunk's Arrow table (the one
+  ``Store.put_trajectories`` inserts) to a Parquet file, and the writer inserts its rows not stored yet (DuckLake
+  has no primary keys, so the store's skip-stored-keys insert becomes an anti-join). Skipped without the flag.
 - ``postgresql``: one PostgreSQL server (``autoevolve.store.postgres.LocalServer``: a cluster made by ``initdb`` in a
   temporary folder, on a Unix socket) as the store (``store: postgresql://...``); each writer keeps its store open
   and commits each chunk in one transaction.
@@ -22,14 +28,17 @@ Goal: 16 writers commit >= 4x the trajectories/s of one writer, with p99 commit 
 over 1M trajectories <= 1 s.
 
 Run: .venv/bin/python bench/store_writers.py [--writers 1 4 16] [--chunks 40] [--rows 64] [--reader-rows 1000000]
+     [--ducklake-python VENV/bin/python]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -208,7 +217,79 @@ class Postgres:
         self.server.stop()
 
 
-ENGINES = {e.name: e for e in (DuckFile, DuckPerRun, Postgres)}
+class DuckLake:
+    """DuckLake with a SQLite catalog; its writers run ``bench/ducklake_writer.py`` under ``python`` (see the module
+    docstring)."""
+
+    name = "ducklake"
+    python: str | None = None  # --ducklake-python
+    helper = str(ROOT / "bench" / "ducklake_writer.py")
+
+    def __init__(self, folder: Path) -> None:
+        import duckdb
+
+        from autoevolve.store import TRAJ_COLS, Store
+
+        self.folder, self.where = folder, [str(folder / "catalog.sqlite"), f"{folder / 'data'}/"]
+        Store(folder / "schema.duckdb").close()
+        with duckdb.connect(str(folder / "schema.duckdb"), read_only=True) as con:
+            types = {name: kind for name, kind, *_ in con.execute("DESCRIBE trajectories").fetchall()}
+        (folder / "schema.json").write_text(json.dumps([(c, types[c]) for c in TRAJ_COLS]))
+        self._run("init", str(folder / "schema.json"))
+
+    def _run(self, action: str, *args: str) -> str:
+        command = [str(self.python), self.helper, action, *self.where, *args]
+        return subprocess.run(command, capture_output=True, text=True, check=True).stdout
+
+    def writer(self, index: int) -> Any:
+        return _LakeCommits(self, index)
+
+    def count(self) -> int:
+        return int(self._run("count"))
+
+    def read(self) -> float:
+        return float(self._run("read", READER))  # timed inside the writer process, its start left out
+
+    def load(self, rows: int) -> None:
+        _bulk(self.writer(0), rows)
+
+    def close(self) -> None:
+        pass
+
+
+class _LakeCommits:
+    """A writer process holding the lake attached; each commit hands it the chunk as a Parquet file."""
+
+    def __init__(self, lake: DuckLake, index: int) -> None:
+        self.lake, self.index, self.commits, self.proc = lake, index, 0, None
+
+    def warm(self) -> None:
+        command = [str(self.lake.python), self.lake.helper, "write", *self.lake.where]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline().strip() == "ready", "the DuckLake writer did not start"
+
+    def commit(self, trajs: list[Any]) -> None:
+        import pyarrow.parquet as pq
+
+        from autoevolve.store.base import _traj_table
+
+        if self.proc is None:
+            self.warm()
+        path = self.lake.folder / f"writer-{self.index}-{self.commits}.parquet"
+        self.commits += 1
+        pq.write_table(_traj_table(trajs), path)
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+        said = self.proc.stdout.readline().strip()
+        assert said.startswith("ok"), f"the DuckLake writer failed: {said or 'it exited'}"
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+ENGINES = {e.name: e for e in (DuckFile, DuckPerRun, DuckLake, Postgres)}
 
 
 def _bulk(writer: Any, rows: int, chunk: int = 20_000) -> None:
@@ -280,6 +361,12 @@ def reader(kind: type, rows: int) -> dict[str, Any]:
 
 def missing(kind: type) -> str | None:
     """Why an engine cannot run here, or None."""
+    if kind is DuckLake:
+        if not kind.python:
+            return "needs --ducklake-python: an interpreter with duckdb 1.4, duckdb-ext-ducklake and duckdb-ext-sqlite"
+        check = "import duckdb; assert duckdb.__version__.startswith('1.'), duckdb.__version__"
+        said = subprocess.run([kind.python, "-c", check], capture_output=True, text=True)
+        return None if said.returncode == 0 else f"{kind.python} cannot run it: {said.stderr.strip()[-200:]}"
     if kind is not Postgres:
         return None
     from autoevolve.store.postgres import LocalServer
@@ -301,7 +388,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64, help="trajectories per commit")
     parser.add_argument("--reader-rows", type=int, default=1_000_000)
     parser.add_argument("--json", type=Path, default=RESULTS)
+    parser.add_argument("--ducklake-python", help="an interpreter with duckdb 1.4 and DuckLake's extensions")
     args = parser.parse_args()
+    DuckLake.python = args.ducklake_python
     cells, reads, skipped = [], [], {}
     columns = ("writers", "rows", "landed", "traj/s", "x one", "p50 s", "p99 s")
     print(f"{'engine':<15} " + " ".join(f"{c:>{9 if c == 'traj/s' else 7}}" for c in columns), flush=True)
