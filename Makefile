@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export DO_NOT_TRACK := 1
 BFCL_VERSION := 2026.3.23
 
-.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-writers bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-serve bench-headroom
+.PHONY: install bfcl demo test test-slow test-all lint bench bench-train bench-profile bench-store bench-writers bench-fleet bench-optimisers bench-loop bench-baselines bench-bfcl bench-router-kv bench-serve bench-headroom
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -63,6 +63,9 @@ bench-store: install  # snapshot publish and read cost by store size, under a mi
 # DUCKLAKE_PYTHON: a python with duckdb==1.4.4, duckdb-ext-ducklake and duckdb-ext-sqlite, as DuckLake needs DuckDB 1.4)
 bench-writers: install
 	$(PY) bench/store_writers.py $(if $(DUCKLAKE_PYTHON),--ducklake-python $(DUCKLAKE_PYTHON))
+
+bench-fleet: install  # four experts evolving at once on one machine's pools, one PostgreSQL store, served throughout
+	$(PY) bench/fleet_run.py
 
 bench-optimisers: install  # stage 1 beside GEPA and DSPy, three seeds; about 60 minutes on 2 cores
 	$(PY) -m pip install -q -c constraints.txt -e '.[bench]'

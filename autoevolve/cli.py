@@ -371,7 +371,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument(
         "--store",
-        help=f"DuckDB store with the registry (default {DEFAULT_STORE}; with --model and no --store: that model alone)",
+        help=f"the store with the registry: a DuckDB file or postgresql://... (default {DEFAULT_STORE}; with "
+        "--model and no --store: that model alone)",
     )
     srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
