@@ -85,3 +85,9 @@ def paired_gain(after: list[float], before: list[float], seed: int = 0) -> tuple
 
     diffs = [a - b for a, b in zip(after, before, strict=True)]
     return sum(diffs) / len(diffs), bootstrap_ci(diffs, seed)
+
+
+# Both read when a bench starts (they are cached): an edit or a commit while it runs cannot relabel what the code at
+# its start made.
+commit()
+code_id()
