@@ -8,10 +8,12 @@ start``, ``prefect work-pool create`` (twice), ``autoevolve deploy fleet.yaml``,
 pool, and one run of each expert's ``autoevolve-evolution/<run>`` deployment, all four at once.
 
 While they run, a client asks the server the base model and every expert by name in turn, one short request every
-few seconds, and records each answer's status, latency and the version that served it. At the end, per expert:
-the flow run's state and minutes, the seconds of each stage, the gate's decision with its reason, the test score
-of the live and the new adapter under the original config, and when the server first answered with the new
-version; the serving client's requests, errors and latency; the training pool's jobs and the most that overlapped.
+few seconds, and records each answer's status, latency and the version that served it. The cores are shared out
+among the loops and the server (one math thread each on 2 cores): threads fighting for cores slow every one of
+them. At the end, per expert: the flow run's state and minutes, the seconds of each stage, the gate's decision
+with its reason, the test score of the live and the new adapter under the original config, and when the server
+first answered with the new version; the serving client's requests, errors and latency; the training pool's jobs
+and the most that overlapped.
 
 Checks: every flow run completed; every expert promoted, or rejected by its gate with the reason; the server
 answered every request; every promoted version was served by the running server (no restart); at most
@@ -244,10 +246,13 @@ def main() -> None:
     print(f"logs and run folders under {folder}", flush=True)
     prefect_port, serve_port = free_port(), free_port()
     api, url = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{serve_port}"
+    threads = str(max(1, (os.cpu_count() or 1) // (len(args.configs) + 1)))  # the loops and the server share the cores
     env = os.environ | {
         "PREFECT_HOME": str(folder / "prefect"), "PREFECT_API_URL": api, "AUTOEVOLVE_HOME": str(ROOT),
         "PREFECT_WORKER_QUERY_SECONDS": "2", "HF_HUB_OFFLINE": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
     }  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # killed: the servers and workers are stopped too
     os.environ.update(env)  # this process's Prefect client talks to the same server
     from autoevolve.store import Store
     from autoevolve.store.postgres import LocalServer
