@@ -162,7 +162,7 @@ def overlap(spans: list[tuple[float, float]]) -> int:
     return most
 
 
-def expert_rows(store_url: str, runs: dict[str, Any], client: Client, started: float) -> list[dict[str, Any]]:
+def expert_rows(store_url: str, runs: dict[str, Any], client: Client) -> list[dict[str, Any]]:
     """Per expert: its flow run, stage seconds, gate decision, test cells, and when its new version was served."""
     from autoevolve.config import load_config
     from autoevolve.store import Store
@@ -317,7 +317,7 @@ def watch(runs: dict[str, Path], url: str, args: Any, folder: Path) -> dict[str,
     client.join(300)
     spans = [(j.start_time.timestamp(), j.end_time.timestamp()) for j in jobs if j.start_time and j.end_time]
     store = load_config(next(iter(runs.values()))).store
-    rows = expert_rows(str(store), {r: (runs[r], now[r]) for r in runs}, client, started)
+    rows = expert_rows(str(store), {r: (runs[r], now[r]) for r in runs}, client)
     most = overlap(spans)
     return {
         "experts": rows, "training_jobs": len(jobs), "training_overlap": most, "answers": client.answers,
