@@ -47,6 +47,7 @@ from _shared import write_json  # noqa: E402
 
 CONFIGS = ("configs/quickstart.yaml", "configs/bfcl.yaml", "examples/shop/run.yaml", "examples/units/run.yaml")
 CPU, GPU = "fleet-cpu", "fleet-gpu"
+TRAINING_LIMIT = 1  # distillations at once on the training pool
 RESULTS = ROOT / "bench" / "results" / "fleet_run.json"
 BIN = Path(sys.executable).parent
 
@@ -91,8 +92,9 @@ def wait_for(url: str, proc: subprocess.Popen, what: str, log: Path, timeout_s: 
     sys.exit(f"{what} did not answer {url} within {timeout_s:.0f} s; see {log}")
 
 
-def run_config(source: str, folder: Path, store: str, server: str, model: str | None) -> tuple[str, Path]:
-    """One expert's config as it ships, but for the store, the training pool and the promotion hook."""
+def run_config(source: str, folder: Path, store: str, server: str, model: str | None) -> tuple[str, Path, str]:
+    """One expert's config as it ships, but for the store, the training pool and the promotion hook: its run id, the
+    file written and the expert's name."""
     from autoevolve.config import load_config
 
     config = load_config(source)
@@ -113,7 +115,7 @@ def run_config(source: str, folder: Path, store: str, server: str, model: str | 
         raw["model"] = raw.get("model", {}) | {"name": model}
     path = folder / f"{config.run_id}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return str(config.run_id), path
+    return str(config.run_id), path, config.expert
 
 
 class Client(threading.Thread):
@@ -163,20 +165,19 @@ def overlap(spans: list[tuple[float, float]]) -> int:
 
 
 def expert_rows(store_url: str, runs: dict[str, Any], client: Client) -> list[dict[str, Any]]:
-    """Per expert: its flow run, stage seconds, gate decision, test cells, and when its new version was served."""
-    from autoevolve.config import load_config
+    """Per expert (``runs``: run id -> (expert, flow run)): its flow run, stage seconds, gate decision, test cells,
+    and when its new version was served."""
     from autoevolve.store import Store
 
     rows = []
     with Store.snapshot(store_url) as store:
-        for run_id, (path, flow_run) in runs.items():
-            expert = load_config(path).expert
+        for run_id, (expert, flow_run) in runs.items():
             adapters = store.adapters(expert)
-            seconds = {}
-            for stage in ("plan", "evolve", "select", "distill", "gate", "report"):
-                found = store.stage_result(run_id, 0, stage)
-                seconds[stage] = round(found[1], 1) if found else None
-            report = store.stage_result(run_id, 0, "report")
+            found = {
+                s: store.stage_result(run_id, 0, s) for s in ("plan", "evolve", "select", "distill", "gate", "report")
+            }
+            seconds = {s: round(f[1], 1) if f else None for s, f in found.items()}
+            report = found["report"]
             cells = {k: c["mean"] for k, c in (report[0] if report else {}).get("cells", {}).items()}
             refs = [a.ref for a in adapters if a.status in ("live", "promoted")]
             seen = [a["at_s"] for a in client.answers if a["status"] == 200 and a["served"] in refs]
@@ -272,8 +273,8 @@ def main() -> None:
         procs.append(start(serve, log, env))
         wait_for(f"{url}/v1/models", procs[-1], "autoevolve serve", log, 900)
 
-        runs = dict(run_config(c, folder, postgres.url, url, args.model) for c in args.configs)
-        fleet = {"training_limit": 1, "experts": [{"config": str(p)} for p in runs.values()]}
+        made = [run_config(c, folder, postgres.url, url, args.model) for c in args.configs]
+        fleet = {"training_limit": TRAINING_LIMIT, "experts": [{"config": str(path)} for _, path, _ in made]}
         (folder / "fleet.yaml").write_text(yaml.safe_dump(fleet))
         subprocess.run([str(BIN / "autoevolve"), "deploy", str(folder / "fleet.yaml")], env=env, check=True)
         log = folder / "workers.log"
@@ -281,7 +282,8 @@ def main() -> None:
             procs.append(
                 start([str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process"], log, env)
             )
-        result = watch(runs, url, args, folder)
+        experts = {run_id: expert for run_id, _, expert in made}
+        result = watch(experts, postgres.url, url, args.timeout_min, folder)
     finally:
         stop(procs)
         postgres.stop()
@@ -289,20 +291,19 @@ def main() -> None:
     write_json(args.json, {k: v for k, v in result.items() if k != "table"})
 
 
-def watch(runs: dict[str, Path], url: str, args: Any, folder: Path) -> dict[str, Any]:
-    """Start every expert's run, serve-test while they run, and gather what they did."""
+def watch(experts: dict[str, str], store: str, url: str, timeout_min: float, folder: Path) -> dict[str, Any]:
+    """Start every expert's run (``experts``: run id -> expert), serve-test while they run, and gather what they
+    did."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.deployments import run_deployment
 
-    from autoevolve.config import load_config
-
     base = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]  # the registry is empty: the base model alone
-    client = Client(url, base, [load_config(p).expert for p in runs.values()])
+    client = Client(url, base, list(experts.values()))
     started = time.monotonic()
     client.start()
-    flow_runs = {r: run_deployment(f"autoevolve-evolution/{r}", parameters={"run_id": r}, timeout=0) for r in runs}
-    deadline = started + args.timeout_min * 60
+    flow_runs = {r: run_deployment(f"autoevolve-evolution/{r}", parameters={"run_id": r}, timeout=0) for r in experts}
+    deadline = started + timeout_min * 60
     with get_client(sync_client=True) as prefect:
         while True:
             now = {r: prefect.read_flow_run(f.id) for r, f in flow_runs.items()}
@@ -316,13 +317,12 @@ def watch(runs: dict[str, Path], url: str, args: Any, folder: Path) -> dict[str,
     client.done.set()
     client.join(300)
     spans = [(j.start_time.timestamp(), j.end_time.timestamp()) for j in jobs if j.start_time and j.end_time]
-    store = load_config(next(iter(runs.values()))).store
-    rows = expert_rows(str(store), {r: (runs[r], now[r]) for r in runs}, client)
+    rows = expert_rows(store, {r: (expert, now[r]) for r, expert in experts.items()}, client)
     most = overlap(spans)
     return {
         "experts": rows, "training_jobs": len(jobs), "training_overlap": most, "answers": client.answers,
         "minutes": round((time.monotonic() - started) / 60, 1), "folder": str(folder),
-        "table": table(rows, client), "checks": checks(rows, client, most, 1),
+        "table": table(rows, client), "checks": checks(rows, client, most, TRAINING_LIMIT),
     }  # fmt: skip
 
 
