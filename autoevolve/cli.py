@@ -407,6 +407,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument("--batch-size", type=int, default=16, help="most requests of one adapter per batch (default 16)")
     srv.add_argument(
+        "--fp32-single-stream",
+        action="store_true",
+        help="steps that decode one token (a lone stream) read the fp32 weights; by default, on a CPU without native "
+        "bf16, they read a bf16 copy: faster for one stream (bench/decode_step.py), for 1.5x the weights' memory",
+    )
+    srv.add_argument(
         "--switch",
         choices=["own", "shared", "shared_kv"],
         default="own",
@@ -464,7 +470,7 @@ def _serve(args: argparse.Namespace) -> int:
     if model == base_model_id(EMBEDDED):
         model = EMBEDDED  # the embedded copy of that model: no hub needed
     print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
-    policy = LocalPolicy(model, batch_size=args.batch_size)
+    policy = LocalPolicy(model, batch_size=args.batch_size, bf16_single_token=not args.fp32_single_stream)
     fleet = open_fleet(
         store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
     )

@@ -16,7 +16,6 @@ the repetition penalty, temperature, top-k, top-p and min-p, and draws from a ge
 
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,23 +73,27 @@ class Stats:
 class Decoder:
     """Batched decoding over a (possibly LoRA-wrapped) Llama-shaped model; see the module docstring."""
 
-    def __init__(self, model: Any, stop_ids: set[int], store_bytes: int = STORE_BYTES) -> None:
+    def __init__(
+        self, model: Any, stop_ids: set[int], store_bytes: int = STORE_BYTES, bf16_single_token: bool = False
+    ) -> None:
+        """``bf16_single_token``: steps that compute one token read bf16 copies of fp32 base weights (see
+        ``autoevolve.policy.weights``): one stream decodes faster on a CPU, for twice the weights' memory."""
         inner = model.model  # PEFT wraps the linear layers in place, so every call sees the active adapter
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         self.head = model.lm_head
-        self.logits = pack(self.head.weight.detach(), None if self.head.bias is None else self.head.bias.detach())
+        head_bias = None if self.head.bias is None else self.head.bias.detach()
+        self.logits = pack(self.head.weight.detach(), head_bias, bf16_single_token)
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.groups = self.heads // self.kv_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.rope = sys.modules[type(self.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self.scale = self.layers[0].self_attn.scaling
         self.split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.stop_ids = stop_ids
         self.store = KVStore(store_bytes)
         self.prefixes: OrderedDict[tuple, Sequence] = OrderedDict()  # computed from scratch: the same in any process
-        self.base: Layers = [base_projections(layer) for layer in self.layers]
+        self.base: Layers = [base_projections(layer, bf16_single_token) for layer in self.layers]
         self.adapters: OrderedDict[str, Layers] = OrderedDict()
         self.stats = Stats()
 
@@ -184,7 +187,7 @@ class Decoder:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Next-token logits (fp32) of hidden states."""
-        return self.logits(self.norm(hidden)).float()
+        return self.logits(_rms_norm(self.norm, hidden)).float()
 
     def _prefix(self, adapter: str | None, weights: Layers, ids: list[int]) -> Sequence:
         """The shared prefix's keys and values (one row), computed from scratch once per adapter and kept."""
@@ -333,16 +336,26 @@ class Decoder:
     ) -> tuple[Any, Any, Any]:
         """Queries, keys and values of a layer's input, rotated: [rows, heads, tokens, head_dim]."""
         rows, length, _ = x.shape
-        q, k, v = w["qkv"](layer.input_layernorm(x)).split(self.split, dim=-1)
-        q = q.view(rows, length, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(rows, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(rows, length, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = self.rope(q, k, cos, sin)
-        return q, k, v
+        qkv = w["qkv"](_rms_norm(layer.input_layernorm, x)).view(rows, length, -1, self.head_dim)
+        rotated = self.heads + self.kv_heads  # queries and keys, rotated together
+        qk, v = _rope(qkv[:, :, :rotated], cos.unsqueeze(2), sin.unsqueeze(2)), qkv[:, :, rotated:]
+        q, k = qk.transpose(1, 2).split([self.heads, self.kv_heads], dim=1)
+        return q, k, v.transpose(1, 2)
 
     def _finish(self, layer: Any, w: dict[str, Projection], x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of a decoder layer: output projection and residual, then the MLP and residual."""
         rows, length, _ = x.shape
         x = x + w["o"](attended.transpose(1, 2).reshape(rows, length, -1))
-        gate, up = w["gate_up"](layer.post_attention_layernorm(x)).chunk(2, dim=-1)
+        gate, up = w["gate_up"](_rms_norm(layer.post_attention_layernorm, x)).chunk(2, dim=-1)
         return x + w["down"](layer.mlp.act_fn(gate) * up)
+
+
+def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """A Llama RMSNorm module's output in one fused call (as the module computes it, up to float rounding)."""
+    return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of [rows, tokens, heads, head_dim] (Llama's rotate-half convention)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -29,15 +29,23 @@ class LocalPolicy:
     """Serves a base model and named LoRA adapters from one copy of the base weights."""
 
     def __init__(
-        self, model: str = model_loader.EMBEDDED, batch_size: int = 16, dtype: str = "auto", engine: Engine = "auto"
+        self,
+        model: str = model_loader.EMBEDDED,
+        batch_size: int = 16,
+        dtype: str = "auto",
+        engine: Engine = "auto",
+        bf16_single_token: bool = False,
     ) -> None:
+        """``bf16_single_token``: the decoder's one-token steps read bf16 copies of fp32 weights (see ``Decoder``)."""
         self.model_name = model
         self.base, self.tokenizer = model_loader.load(model, dtype)
         self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
         self.batch_size = batch_size
         self.adapters: dict[str, str] = {}
         self.share_prefix = True  # without the decoder: a batch's common prompt prefix is computed once
-        self.decoder = Decoder(self.base, self._stop_ids) if engine == "auto" and supports(self.base) else None
+        self.decoder = None
+        if engine == "auto" and supports(self.base):
+            self.decoder = Decoder(self.base, self._stop_ids, bf16_single_token=bf16_single_token)
         self._grammars: Any = None  # autoevolve.policy.grammar.Grammars, made on the first constrained request
 
     def add_adapter(self, name: str, path: str) -> None:

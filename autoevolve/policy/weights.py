@@ -10,6 +10,11 @@ adapter costs two small products per group, in the adapter's own dtype as PEFT c
 On CPU, fp32 base weights are also kept pre-packed for oneDNN (``pack``): its matrix product ran 2-3x faster than
 ``F.linear``'s BLAS call on the decode and prefill shapes measured (``bench/rollout_throughput.py``), most of all on
 AMD processors. The packed product computes the same sums in another order, so results differ by float rounding.
+
+A step that computes one token (one stream decoding) reads every weight once for a single row, so its time is the
+time to read the weights: with ``half`` the base weights also keep a bf16 copy that such steps read instead (the
+input cast to bf16, the output back), half the bytes. On a CPU without native bf16 arithmetic this is faster only
+for one row (``bench/decode_step.py``); steps of more rows keep the fp32 weights.
 """
 
 from __future__ import annotations
@@ -38,10 +43,14 @@ class Projection:
     a: torch.Tensor | None = None
     b: torch.Tensor | None = None
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout (see ``pack``), or None
+    half: torch.Tensor | None = None  # a bf16 copy of the weight, read for one-token inputs (see ``pack``), or None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The group's outputs, concatenated in the group's order."""
-        if self.packed is not None:
+        if self.half is not None and x.numel() == x.shape[-1]:
+            y = F.linear(x.to(self.half.dtype), self.half).to(x.dtype)
+            y = y if self.bias is None else y + self.bias
+        elif self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         else:
             y = F.linear(x, self.weight, self.bias)
@@ -52,15 +61,17 @@ class Projection:
 
     def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> Projection:
         """The same base weight with an adapter's factors."""
-        return Projection(self.weight, self.bias, a, b, self.packed)
+        return Projection(self.weight, self.bias, a, b, self.packed, self.half)
 
 
-def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Projection:
-    """A projection of a base weight [out, in], pre-packed for oneDNN where that runs here (fp32 on CPU)."""
+def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, half: bool = False) -> Projection:
+    """A projection of a base weight [out, in], pre-packed for oneDNN where that runs here (fp32 on CPU); with
+    ``half``, an fp32 weight also keeps a bf16 copy for one-token inputs."""
     packed = None
     if weight.device.type == "cpu" and weight.dtype == torch.float32 and _onednn_linear():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT)
-    return Projection(weight, bias, packed=packed)
+    copy = weight.to(torch.bfloat16) if half and weight.dtype == torch.float32 else None
+    return Projection(weight, bias, packed=packed, half=copy)
 
 
 ROWS_HINT = 64  # oneDNN packs for a typical row count; any count computes correctly
@@ -81,8 +92,9 @@ def _onednn_linear() -> bool:
     return bool(torch.allclose(y, F.linear(x, w), atol=1e-4))
 
 
-def base_projections(layer: Any) -> dict[str, Projection]:
-    """A layer's four projection groups with the base weights (stacked once; the adapters share them)."""
+def base_projections(layer: Any, half: bool = False) -> dict[str, Projection]:
+    """A layer's four projection groups with the base weights (stacked once; the adapters share them); ``half``: see
+    ``pack``."""
     out = {}
     for group, names in GROUPS.items():
         modules = [_module(layer, name) for name in names]
@@ -95,7 +107,7 @@ def base_projections(layer: Any) -> dict[str, Projection]:
         if any(b is not None for b in biases):
             bias = torch.cat([b if b is not None else torch.zeros(w.weight.shape[0], dtype=w.weight.dtype)
                               for b, w in zip(biases, bases, strict=True)])  # fmt: skip
-        out[group] = pack(weight.detach(), bias.detach() if bias is not None else None)
+        out[group] = pack(weight.detach(), bias.detach() if bias is not None else None, half)
     return out
 
 

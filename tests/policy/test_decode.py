@@ -262,3 +262,27 @@ def test_a_guided_row_does_not_join_a_batch_that_guesses(pair) -> None:  # noqa:
     rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(2, 8)]  # noqa: SLF001
     with pytest.raises(ValueError, match="joins only a batch that decodes it alike"):
         decoder.generate([rows[0]], adapter=None, max_new=8, arrivals=lambda live: [Joiner(rows[1], 8, guide=object())])
+
+
+def test_one_token_steps_read_a_bf16_copy_and_longer_inputs_the_fp32_weights() -> None:
+    from autoevolve.policy.weights import pack
+
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    proj = pack(weight, bias, half=True)
+    assert proj.half is not None and proj.half.dtype == torch.bfloat16 and pack(weight, bias).half is None
+    one = torch.randn(1, 1, 24, generator=gen)
+    halved = torch.nn.functional.linear(one.bfloat16(), weight.bfloat16()).float() + bias
+    assert torch.equal(proj(one), halved) and not torch.equal(halved, torch.nn.functional.linear(one, weight, bias))
+    rows = torch.randn(3, 1, 24, generator=gen)
+    assert torch.allclose(proj(rows), torch.nn.functional.linear(rows, weight, bias), atol=1e-4)
+
+
+def test_a_bf16_single_token_decoder_changes_only_one_row_steps(tiny_model_dir, pair) -> None:  # noqa: ANN001
+    fast, _ = pair
+    halved = LocalPolicy(str(tiny_model_dir), 8, "float32", bf16_single_token=True)
+    assert halved.decoder is not None and halved.decoder.logits.half is not None
+    requests = _requests(4, 16)
+    assert [c.text for c in halved.generate(requests)] == [c.text for c in fast.generate(requests)]  # 4 rows: fp32
+    one = halved.generate(requests[:1])[0]
+    assert one.completion_tokens == 16 and one.text == halved.generate(requests[:1])[0].text
