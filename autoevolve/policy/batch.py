@@ -343,6 +343,7 @@ class Rows:
         """Set the rows' own lengths, their valid columns and the decode scores' bias (-inf on padding)."""
         self.lengths = lengths
         self.valid = torch.arange(self.width).unsqueeze(0) >= self.width - torch.tensor(lengths).unsqueeze(1)
+        self.padded = not bool(self.valid.all())  # a row's own prompt is shorter than the widest
         bias = torch.zeros(self.valid.shape, dtype=self.dtype).masked_fill(~self.valid, float("-inf"))
         self.bias = bias.repeat_interleave(self.kv_heads, dim=0).unsqueeze(1)  # [rows * kv_heads, 1, width]
 

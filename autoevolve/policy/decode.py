@@ -301,8 +301,10 @@ class Decoder:
         columns = fed.unsqueeze(1) + offsets  # [rows, width]: where each new token's keys and values go
         seen = int(columns.max()) + 1
         later = torch.arange(seen) > columns.unsqueeze(2)  # [rows, width, seen]: after the query, or not written yet
-        bias = torch.zeros(later.shape, dtype=cache.dtype).masked_fill(later, float("-inf"))
-        bias = bias[:, None, None].expand(rows, kvh, g, width, seen).reshape(batch, g * width, seen)
+        bias = None  # one stream's single token sees every column written so far: nothing to mask
+        if later.any():
+            bias = torch.zeros(later.shape, dtype=cache.dtype).masked_fill(later, float("-inf"))
+            bias = bias[:, None, None].expand(rows, kvh, g, width, seen).reshape(batch, g * width, seen)
         x = self.embed(ids)
         cos, sin = self.rotary(x, start.unsqueeze(1) + offsets)
         at = (torch.arange(rows).unsqueeze(1).expand(rows, width), columns)
@@ -314,8 +316,10 @@ class Decoder:
             keys = [cache.k[index].view(batch, -1, d), cache.gen_k[index][:, :, :seen].reshape(batch, -1, d)]
             values = [cache.v[index].view(batch, -1, d), cache.gen_v[index][:, :, :seen].reshape(batch, -1, d)]
             scores = [torch.bmm(q, key.transpose(1, 2)) for key in keys]  # 3-D bmm: no copy of the cache
-            scores[0] = scores[0] + cache.bias
-            scores[1] = scores[1] + bias
+            if cache.padded:
+                scores[0] = scores[0] + cache.bias
+            if bias is not None:
+                scores[1] = scores[1] + bias
             if prefix.shared:  # one product for every row's queries against the single copy of the prefix
                 pk, pv = prefix.prefix[index]
                 flat = q.view(rows, kvh, g * width, d).transpose(0, 1).reshape(kvh, rows * g * width, d)
@@ -324,7 +328,7 @@ class Decoder:
                 values.insert(0, pv)
             p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
             parts = p.split([s.shape[-1] for s in scores], dim=-1)
-            o = sum(torch.bmm(part, value) for part, value in zip(parts[-2:], values[-2:], strict=True))
+            o = torch.bmm(parts[-2], values[-2]) + torch.bmm(parts[-1], values[-1])
             if prefix.shared:
                 shared = parts[0].view(rows, kvh, g * width, -1).transpose(0, 1).reshape(kvh, rows * g * width, -1)
                 o = o + torch.matmul(shared, values[0]).view(kvh, rows, g * width, d).transpose(0, 1).reshape(o.shape)
