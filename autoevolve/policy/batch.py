@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from autoevolve.policy.kvstore import KV, Sequence
+from autoevolve.policy.weights import mixed
 
 if TYPE_CHECKING:
     from autoevolve.policy.decode import Decoder
@@ -30,6 +31,7 @@ NGRAMS = (3, 2)  # a guess copies what followed the last occurrence of the row's
 
 Listener = Callable[[list[int]], bool]  # a row's new tokens as generated; False ends the row
 Scored = tuple[int, float, list[tuple[int, float]]]  # a generated token, its log-probability, the top alternatives
+BATCH = object()  # a Joiner's adapter by default: the batch's own
 
 
 @dataclass(frozen=True)
@@ -59,13 +61,16 @@ class Joiner:
     guide: Any = None
     scores: list[Scored] | None = None  # filled as it decodes, when the batch computes scores
     done: Callable[[list[int]], None] | None = None  # called with its new tokens when it ends (a row that joined)
+    adapter: Any = BATCH  # the LoRA it decodes under (a name, None for the bare base), if not the batch's
 
 
 class Batch:
-    """Rows decoding together under one adapter and one set of sampling settings. Rows are added before any step
-    (the call's own) and between steps (continuous batching): a step feeds every live row its last token, rows
-    that end leave, and rows that join are prefilled against the batch's shared prefix, shortened first to what
-    they share with it (the rows already live take the cut tokens' keys and values into their own)."""
+    """Rows decoding together under one set of sampling settings. Rows are added before any step (the call's own)
+    and between steps (continuous batching): a step feeds every live row its last token, rows that end leave, and
+    rows that join are prefilled against the batch's shared prefix, shortened first to what they share with it (the
+    rows already live take the cut tokens' keys and values into their own). The call's rows decode under its
+    adapter; a row that joins may bring another (the prefix, computed under the call's adapter, is then cut to
+    nothing), and a step over rows of several adapters adds each row's own LoRA (``weights.Mixed``)."""
 
     def __init__(
         self,
@@ -80,8 +85,9 @@ class Batch:
     ) -> None:
         self.decoder, self.adapter, self.cache_key, self.top = decoder, adapter, cache_key, top
         self.kv_adapter, self.borrowed = kv_adapter, borrowed  # whose keys and values the prompts start from
-        self.weights = decoder._layers(adapter)
         self.sampling = sampling
+        self.adapters: list[str | None] = []  # per row: the adapter it decodes under
+        self.mix: tuple[tuple, list] | None = None  # the live rows' adapters and the layers made for them
         self.seen: torch.Tensor | None = None  # [live slots, vocabulary]: tokens in each row (repetition penalty)
         self.generator = torch.Generator().manual_seed(seed)
         self.joiners: list[Joiner] = []  # per row, in the order rows came
@@ -99,7 +105,12 @@ class Batch:
 
     def add(self, joiners: list[Joiner]) -> None:
         """Prefill rows and make them live: their first tokens are appended by the next step."""
-        d, started = self.decoder, time.perf_counter()
+        adapters = [self.adapter if j.adapter is BATCH else j.adapter for j in joiners]
+        if len(set(adapters)) > 1:  # each adapter's rows are prefilled under its weights
+            for adapter in dict.fromkeys(adapters):
+                self.add([j for j, a in zip(joiners, adapters, strict=True) if a == adapter])
+            return
+        d, started, adapter = self.decoder, time.perf_counter(), adapters[0]
         rows = [j.tokens for j in joiners]
         guided, scored = any(j.guide is not None for j in joiners), any(j.scores is not None for j in joiners)
         if self.prefix is None:  # the call's own rows: they set what the batch computes
@@ -113,22 +124,24 @@ class Batch:
         elif (guided or scored) and self.guessing or scored and not self.scoring or self.borrowed:
             raise ValueError("a row joins only a batch that decodes it alike (guessing, scores, borrowed keys)")
         else:
-            known = self.prefix.tokens.tolist()
+            known = self.prefix.tokens.tolist() if adapter == self.kv_adapter else []  # another's keys differ
             self._shorten(min(common_prefix([known, *rows]), min(len(r) for r in rows) - 1))
         shared = self.prefix.shared
         if self.cache is None:
             d.stats.calls += 1
         d.stats.rows += len(rows)
-        starts = [d._stored(self.kv_adapter, self.cache_key, r, shared) for r in rows]
+        kv = self.kv_adapter if adapter == self.adapter else adapter
+        starts = [d._stored(kv, self.cache_key, r, shared) for r in rows]
         fresh = [len(r) - shared - n for r, (_, n) in zip(rows, starts, strict=True)]
         order = sorted(range(len(rows)), key=lambda i: fresh[i])  # slot s holds row order[s]: chunks are slices
         own = [rows[i][shared:] for i in order]
         cache = Rows.allocate(d, [len(x) for x in own], max(j.max_new for j in joiners))
         for slot, i in enumerate(order):
             cache.load(slot, *starts[i], shared)
-        logits = d._prefill(self.weights, own, [fresh[i] for i in order], shared, self.prefix, cache)
+        logits = d._prefill(d._layers(adapter), own, [fresh[i] for i in order], shared, self.prefix, cache)
         first = len(self.joiners)
         self.joiners += joiners
+        self.adapters += adapters
         self.out += [[] for _ in joiners]
         if guided and self.guides is None:
             self.guides = [None] * first
@@ -174,7 +187,7 @@ class Batch:
             if self.cache_key is not None and self.kv_adapter == self.adapter:  # keep its prompt and fed tokens
                 n = min(int(self.fed[slot]), len(out))
                 d.store.add(
-                    self.cache.sequence(slot, self.adapter, self.cache_key, row.tokens + out[:n], self.prefix, n)
+                    self.cache.sequence(slot, self.adapters[i], self.cache_key, row.tokens + out[:n], self.prefix, n)
                 )
             if row.done is not None:
                 row.done(out)
@@ -199,7 +212,7 @@ class Batch:
         guesses = self.drafts.guess(outs, limits) if self.drafts is not None else [[]] * len(outs)
         width = 1 + max(len(g) for g in guesses)
         ids = torch.tensor([[out[-1], *g] + [0] * (width - 1 - len(g)) for out, g in zip(outs, guesses, strict=True)])
-        hidden = d._decode(self.weights, ids, self.lengths + self.fed, self.prefix, self.cache, self.fed)
+        hidden = d._decode(self._weights(), ids, self.lengths + self.fed, self.prefix, self.cache, self.fed)
         d.stats.decode_steps += 1
         if width == 1:
             logits = d._logits(hidden[:, 0])
@@ -217,6 +230,19 @@ class Batch:
             self.fed[slot] += 1 + taken
             self.drafts.judge(slot, len(guess), taken)
         d.stats.guessed_tokens += sum(len(t) - 1 for t in self.new)
+
+    def _weights(self) -> list:
+        """The layers the live rows decode under: their adapter's, or each row's own LoRA where they differ."""
+        adapters = tuple(self.adapters[i] for i in self.active)
+        if len(set(adapters)) == 1:
+            return self.decoder._layers(adapters[0])
+        if self.mix is None or self.mix[0] != adapters:
+            slots: dict[str | None, list[int]] = {}
+            for slot, adapter in enumerate(adapters):
+                slots.setdefault(adapter, []).append(slot)
+            parts = [(torch.tensor(s), self.decoder._layers(a)) for a, s in slots.items()]
+            self.mix = adapters, mixed(self.decoder.base, parts)
+        return self.mix[1]
 
     def _pick(self, logits: torch.Tensor, rows: list[int], seen: torch.Tensor | None) -> torch.Tensor:
         """Each slot's next token: the repetition penalty on the tokens its row holds, its grammar, then the pick."""

@@ -21,8 +21,10 @@ from autoevolve.policy.batch import Joiner, Listener, Sampling, common_prefix
 from autoevolve.policy.decode import OWN, Decoder, supports
 
 Engine = Literal["auto", "hf"]
-Arrival = tuple[ChatRequest, Listener | None, Callable[[Completion], None]]  # a request, its listener, its answer
-Arrivals = Callable[[Callable[[ChatRequest], bool], int], list[Arrival]]  # (which fit, how many) -> requests
+# A request, its listener, its answer, and the adapter it is for (a name, None for the base model).
+Arrival = tuple[ChatRequest, Listener | None, Callable[[Completion], None], str | None]
+Fits = Callable[[ChatRequest, str | None], bool]  # whether a request for an adapter can join the running batch
+Arrivals = Callable[[Fits, int], list[Arrival]]  # (which fit, how many) -> requests
 
 
 class LocalPolicy:
@@ -101,8 +103,9 @@ class LocalPolicy:
         ``Decoder.generate``); with ``model.generate`` once, at the end.
 
         ``arrivals`` (continuous batching, the decoder only): called between decode steps with a test of which
-        requests fit the running batch (its sampling settings) and how many rows it has room for; the requests it
-        returns join the batch at once, and each one's completion goes to its own callback when it ends."""
+        requests fit the running batch (its sampling settings; any adapter the decoder computes) and how many rows
+        it has room for; the requests it returns join the batch at once, each under its own adapter, and each one's
+        completion goes to its own callback when it ends."""
         if adapter and adapter not in self.adapters:
             return [Completion(error=f"adapter {adapter!r} is not loaded") for _ in requests]
         texts = [self._template(r) for r in requests]
@@ -297,13 +300,15 @@ class _Joining:
         self.open: dict[int, Callable[[Completion], None]] = {}  # rows joined and not ended (by number) -> answer
         self.numbers = itertools.count()
 
-    def fits(self, r: ChatRequest) -> bool:
+    def fits(self, r: ChatRequest, adapter: str | None) -> bool:
         alike = (_sampling(r), r.cache_key, r.reuse_kv_of, r.logprobs) == self.knobs
-        return alike and not (self.guessing and r.constrain is not None)
+        loaded = adapter is None or adapter in self.policy.adapters
+        served = loaded and self.policy.decoder is not None and self.policy.decoder.serves(adapter)
+        return alike and served and not (self.guessing and r.constrain is not None)
 
     def __call__(self, live: int) -> list[Joiner]:
         rows = []
-        for request, listener, answer in self.arrivals(self.fits, self.policy.batch_size - live):
+        for request, listener, answer, adapter in self.arrivals(self.fits, self.policy.batch_size - live):
             try:
                 tokens = self.policy._encode_text(request)
                 guide = (self.policy._guides([request.constrain]) or [None])[0]
@@ -311,9 +316,8 @@ class _Joining:
                 answer(Completion(error=f"generation failed: {type(exc).__name__}: {exc}"))
                 continue
             scores: list | None = [] if request.logprobs is not None else None
-            rows.append(
-                Joiner(tokens, request.max_new_tokens, listener, guide, scores, self._done(answer, len(tokens), scores))
-            )
+            done = self._done(answer, len(tokens), scores)
+            rows.append(Joiner(tokens, request.max_new_tokens, listener, guide, scores, done, adapter))
         return rows
 
     def fail(self, error: str) -> None:

@@ -64,6 +64,33 @@ class Projection:
         return Projection(self.weight, self.bias, a, b, self.packed, self.half)
 
 
+@dataclass
+class Mixed:
+    """One group's projection for a batch whose rows use several adapters: the base weight for every row, then each
+    adapter's LoRA on its own rows (as vLLM batches requests of several LoRAs)."""
+
+    base: Projection
+    parts: list[tuple[torch.Tensor, Projection]]  # (the rows' indexes, the group with one adapter's factors)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's outputs, each row with its own adapter's LoRA added."""
+        y = self.base(x)
+        for rows, own in self.parts:
+            if own.a is not None:
+                delta = F.linear(F.linear(x.index_select(0, rows).to(own.a.dtype), own.a), own.b)
+                y.index_add_(0, rows, delta.to(y.dtype))
+        return y
+
+
+def mixed(base: list[dict[str, Projection]], parts: list[tuple[torch.Tensor, list[dict[str, Projection]]]]) -> list:
+    """Every layer's groups for rows of several adapters: ``parts`` pairs the rows' indexes with their adapter's
+    layers (as ``adapter_projections`` makes them; the base's for rows of no adapter)."""
+    return [
+        {group: Mixed(layer[group], [(rows, own[index][group]) for rows, own in parts]) for group in layer}
+        for index, layer in enumerate(base)
+    ]
+
+
 def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, half: bool = False) -> Projection:
     """A projection of a base weight [out, in], pre-packed for oneDNN where that runs here (fp32 on CPU); with
     ``half``, an fp32 weight also keeps a bf16 copy for one-token inputs."""

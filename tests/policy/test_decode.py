@@ -286,3 +286,36 @@ def test_a_bf16_single_token_decoder_changes_only_one_row_steps(tiny_model_dir, 
     assert [c.text for c in halved.generate(requests)] == [c.text for c in fast.generate(requests)]  # 4 rows: fp32
     one = halved.generate(requests[:1])[0]
     assert one.completion_tokens == 16 and one.text == halved.generate(requests[:1])[0].text
+
+
+def test_rows_of_other_adapters_join_and_decode_what_they_decode_alone(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
+    """A batch of the bare base is joined by a row under an adapter, then by one of the base: the prefix is cut,
+    each step adds each row's own LoRA, and every row gets the tokens it gets alone under its adapter."""
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import load
+    from autoevolve.policy.batch import Joiner
+
+    lm, _ = load(str(tiny_model_dir), "float32")
+    get_peft_model(lm, LoraConfig(r=4, target_modules=["q_proj", "up_proj"], init_lora_weights=False)).save_pretrained(
+        tmp_path
+    )
+    fast, _ = pair
+    fast.add_adapter("mix", str(tmp_path))
+    decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
+    decoder.stop_ids = set()
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(3, 8)]  # noqa: SLF001
+    under = [None, "mix", None]
+    alone = [decoder.generate([r], adapter=a, max_new=10)[0] for r, a in zip(rows, under, strict=True)]
+    assert alone[1] != decoder.generate([rows[1]], adapter=None, max_new=10)[0]  # the adapter changes the tokens
+    finished: dict[int, list[int]] = {}
+    plan, steps = {2: [1], 4: [2]}, iter(range(1, 100))
+
+    def arrivals(live: int) -> list[Joiner]:
+        return [
+            Joiner(rows[i], 10, done=lambda out, i=i: finished.setdefault(i, out), adapter=under[i])
+            for i in plan.pop(next(steps), [])
+        ]
+
+    [first] = decoder.generate([rows[0]], adapter=None, max_new=10, arrivals=arrivals)
+    assert [first, finished[1], finished[2]] == alone and not plan

@@ -87,7 +87,7 @@ def test_a_request_joins_a_running_batch_and_fails_with_it_if_it_breaks(tiny_pol
 
     def arrivals(fits, room: int) -> list:  # noqa: ANN001
         offers.append(room)  # two requests arrive once, after the first step: the greedy one fits, not the sampled
-        return [(r, None, answers.append) for r in (other, sampled) if fits(r)] if len(offers) == 1 else []
+        return [(r, None, answers.append, None) for r in (other, sampled) if fits(r, None)] if len(offers) == 1 else []
 
     [alone] = tiny_policy.generate([other])
     [first] = tiny_policy.generate([ask], arrivals=arrivals)

@@ -538,7 +538,7 @@ class Fleet:
             try:
                 extra: dict[str, Any] = {"listeners": listeners} if listeners else {}
                 if local:
-                    extra["arrivals"] = self._arrivals(ref)
+                    extra["arrivals"] = self._arrivals()
                 completions = self.policy.generate([j.request for j in group], ref or None, **extra)
             except Exception as exc:  # noqa: BLE001 - the policy never raises; this is a bug, reported per request
                 completions = [Completion(error=f"{type(exc).__name__}: {exc}")] * len(group)
@@ -548,12 +548,12 @@ class Fleet:
             for job, completion in zip(group, completions, strict=True):
                 job.future.set_result(completion)
 
-    def _arrivals(self, ref: str) -> Callable[[Callable[[ChatRequest], bool], int], list[Any]]:
-        """What joins a running batch of adapter ``ref``: the queued requests for a name it serves that fit the
-        batch, up to ``room``; the others are kept, in order, for the next round. A control (load, unload) stops the
+    def _arrivals(self) -> Callable[[Callable[[ChatRequest, str | None], bool], int], list[Any]]:
+        """What joins a running batch: the queued requests that fit it (any served adapter the decoder computes),
+        up to ``room``; the others are kept, in order, for the next round. A control (load, unload) stops the
         joining: what was queued after it runs after it."""
 
-        def take(fits: Callable[[ChatRequest], bool], room: int) -> list[Any]:
+        def take(fits: Callable[[ChatRequest, str | None], bool], room: int) -> list[Any]:
             joined: list[Any] = []
             while len(joined) < room and not self._fenced:
                 try:
@@ -561,16 +561,16 @@ class Fleet:
                 except queue.Empty:
                     break
                 slot = None if isinstance(job, _Control) else self.slots.get(self.aliases.get(job.name, job.name))
-                if slot is None or slot.ref != ref:
+                if slot is None:
                     self._later.append(job)
                     self._fenced = isinstance(job, _Control)
                     continue
                 if not _built(job, slot):
                     continue
-                if not fits(job.request):
+                if not fits(job.request, slot.ref or None):
                     self._later.append(job)
                     continue
-                joined.append((job.request, job.listener, job.future.set_result))
+                joined.append((job.request, job.listener, job.future.set_result, slot.ref or None))
             self.stats["calls"] += len(joined)
             self.stats["joined"] += len(joined)
             return joined
