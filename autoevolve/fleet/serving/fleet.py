@@ -90,6 +90,7 @@ class _Job:
     slot: Slot | None = None
     request: ChatRequest | None = None
     listener: Callable[[list[int]], bool] | None = None  # each decode step's new tokens (a stream's, a watcher's)
+    joined: bool = False  # taken by a running batch of another adapter, which answers it
 
 
 @dataclass
@@ -136,6 +137,7 @@ class Fleet:
         self.in_flight, self._lock = 0, threading.Lock()  # requests admitted and not yet answered; guards callers
         self._jobs: queue.Queue = queue.Queue()
         self._later: list[Any] = []  # jobs taken from the queue while a batch ran that did not join it, in order
+        self._held: list[_Job] = []  # calls gathered for later batches of this round: the running batch may take them
         self._fenced = True  # whether the running batch takes no joiners (a control waits, or it cannot)
         threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
 
@@ -527,13 +529,19 @@ class Fleet:
         return waiting
 
     def _generate(self, calls: list[_Job], joinable: bool) -> None:
-        """One generate call per adapter for the calls gathered; a local policy's may be joined by new requests."""
+        """One generate call per adapter for the calls gathered; a local policy's may be joined by new requests and
+        by the calls gathered for the other adapters (those it takes are answered by it)."""
         groups: dict[str, list[_Job]] = {}
         for job in calls:
             groups.setdefault(job.slot.ref, []).append(job)
         local = getattr(self.policy, "decoder", None) is not None  # only a local policy hears tokens, takes joiners
         self._fenced = not (joinable and local)
+        self._held = [j for group in list(groups.values())[1:] for j in group] if not self._fenced else []
         for ref, group in groups.items():
+            group = [j for j in group if not j.joined]
+            self._held = [j for j in self._held if j.slot.ref != ref]  # this batch's own rows now
+            if not group:
+                continue
             listeners = [j.listener for j in group] if any(j.listener for j in group) else None
             try:
                 extra: dict[str, Any] = {"listeners": listeners} if listeners else {}
@@ -555,6 +563,11 @@ class Fleet:
 
         def take(fits: Callable[[ChatRequest, str | None], bool], room: int) -> list[Any]:
             joined: list[Any] = []
+            for job in list(self._held):
+                if len(joined) < room and fits(job.request, job.slot.ref or None):
+                    self._held.remove(job)
+                    job.joined = True
+                    joined.append((job.request, job.listener, job.future.set_result, job.slot.ref or None))
             while len(joined) < room and not self._fenced:
                 try:
                     job = self._jobs.get_nowait()

@@ -232,6 +232,25 @@ def test_a_request_that_arrives_while_a_batch_decodes_joins_it(server) -> None:
     assert "".join(pieces) == whole.choices[0].message.content
 
 
+def test_a_request_for_another_adapter_joins_the_running_batch(server) -> None:
+    """Batches mix adapters: a request for v2 sent while a v1 reply streams joins that batch, under v2's LoRA."""
+    url, fleet = server
+    client = _client(url)
+    long = {"model": "L1-life@v1", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 3000}
+    short = {"model": "L1-life@v2", "messages": [{"role": "user", "content": "Book a ride."}], "max_tokens": 8}
+    alone, base = (
+        client.chat.completions.create(**short),
+        client.chat.completions.create(**{**short, "model": "L1-life@v1"}),
+    )
+    assert alone.choices[0].message.content != base.choices[0].message.content  # the adapters answer apart
+    joined, batches, reply = fleet.stats["joined"], fleet.stats["batches"], None
+    for chunk in client.chat.completions.create(stream=True, **long):
+        if reply is None and chunk.choices and chunk.choices[0].delta.content:
+            reply = client.chat.completions.create(**short)
+    assert fleet.stats["joined"] == joined + 1 and fleet.stats["batches"] == batches + 1
+    assert reply.choices[0].message.content == alone.choices[0].message.content
+
+
 def _until(done, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while not done() and time.monotonic() < deadline:
