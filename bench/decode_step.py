@@ -8,7 +8,9 @@ Through the decoder ``autoevolve serve`` runs (``autoevolve.policy.decode``: one
 guesses): fp32, and with its one-token steps reading bf16 copies of the weights (``bf16_single_token``, the
 server's default on a CPU). Per variant: milliseconds per generated token (the faster of two passes; a median step
 for the forward passes, decode seconds over tokens for the decoder), tokens/s, and how many of the 48 greedy tokens
-equal the fp32 forward's.
+equal the fp32 forward's. Then, why only one-token steps read bf16: every linear layer's product (the decoder's
+fused groups and the head, as in ``autoevolve.policy.weights``) over 1, 2, 4 and 16 rows, oneDNN-packed fp32
+against bf16, median of 5 passes over all layers.
 
 Goal (the serving single-stream goal): the decoder as served reaches >= 0.5x llama.cpp's single-stream tokens/s as
 recorded in bench/results/serve_load.json.
@@ -84,6 +86,39 @@ def served(policy: Any, messages: list[dict[str, str]]) -> tuple[float, list[int
     return policy.decoder.stats.decode_s / policy.decoder.stats.decode_tokens, tokens
 
 
+@torch.inference_mode()
+def products_by_rows(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Milliseconds for every layer's products over a few rows: fp32 as the decoder packs it, and bf16 copies."""
+    from autoevolve.policy.weights import base_projections, pack
+
+    fp32 = [g for layer in model.model.layers for g in base_projections(layer).values()]
+    fp32.append(pack(model.lm_head.weight.detach()))
+    bf16 = [g.weight.to(torch.bfloat16) for g in fp32]
+    rows = []
+    for n in (1, 2, 4, 16):
+        inputs = [torch.randn(n, g.weight.shape[1]) for g in fp32]
+
+        def run_fp32(xs: list = inputs) -> None:
+            for g, x in zip(fp32, xs, strict=True):
+                g(x)
+
+        def run_bf16(xs: list = inputs) -> None:
+            for w, x in zip(bf16, xs, strict=True):
+                torch.nn.functional.linear(x.to(torch.bfloat16), w).float()
+
+        timed = {}
+        for name, run in (("fp32", run_fp32), ("bf16", run_bf16)):
+            run()
+            times = []
+            for _ in range(5):
+                started = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - started)
+            timed[name] = statistics.median(times) * 1e3
+        rows.append({"rows": n, "fp32_ms": round(timed["fp32"], 1), "bf16_ms": round(timed["bf16"], 1)})
+    return rows
+
+
 def main() -> None:
     from autoevolve.model import load
     from autoevolve.policy.local import LocalPolicy
@@ -118,6 +153,10 @@ def main() -> None:
     for r in rows:
         equal = f"{r['tokens_equal_fp32']}/{STEPS}"
         print(f"{r['variant']:<30} {r['ms_per_token']:>9.1f} {r['tokens_per_s']:>9.1f} {equal:>21}")
+    products = products_by_rows(model)
+    print(f"\n{'rows':>4} {'fp32 products ms':>17} {'bf16 products ms':>17} {'bf16 / fp32':>12}")
+    for r in products:
+        print(f"{r['rows']:>4} {r['fp32_ms']:>17.1f} {r['bf16_ms']:>17.1f} {r['bf16_ms'] / r['fp32_ms']:>12.2f}")
     llama = llama_cpp_single_stream()
     server = rows[-1]
     if llama is None:
@@ -130,7 +169,10 @@ def main() -> None:
             f"stream ({llama:.1f}; goal >= 0.5x): {verdict}"
         )
     print("\n" + check)
-    write_json(ROOT / "bench" / "results" / "decode_step.json", {"rows": rows, "llama_cpp": llama, "check": check})
+    write_json(
+        ROOT / "bench" / "results" / "decode_step.json",
+        {"rows": rows, "products": products, "llama_cpp": llama, "check": check},
+    )
 
 
 if __name__ == "__main__":
