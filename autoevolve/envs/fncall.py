@@ -284,7 +284,7 @@ class FncallEnv:
         if min(sizes.values()) < 0:
             raise ValueError(f"split sizes must be >= 0, got {sizes}")
         self.skipped: dict[str, int] = {}  # questions left out, per reason (see notes())
-        self._splits: dict[Split, list[Task]] = {"train": [], "dev": [], "test": []}
+        by_file: dict[Split, list[list[Task]]] = {"train": [], "dev": [], "test": []}
         seen: set[str] = set()
         for file in paths:
             usable = [t for t in self._load(file, _answers_of(file, answers), seen) if t.tier in set(tiers)]
@@ -294,14 +294,15 @@ class FncallEnv:
             # Each file is split on its own (the split of one file never depends on the others).
             salt = f"fncall:{seed}" if len(paths) == 1 else f"fncall:{seed}:{file.name}"
             for split, picked in seeded_split(len(usable), sizes, salt).items():
-                self._splits[split] += [usable[i].model_copy(update={"split": split}) for i in picked]
+                by_file[split].append([usable[i].model_copy(update={"split": split}) for i in picked])
+        self._splits: dict[Split, list[Task]] = {split: _spread(lists) for split, lists in by_file.items()}
 
     def notes(self) -> list[str]:
         """One line per reason questions were skipped: 'skipped 4 questions: no ground truth (...)'."""
         return [f"skipped {n} question{'s' if n != 1 else ''}: {reason}" for reason, n in self.skipped.items()]
 
     def tasks(self, split: Split) -> list[Task]:
-        """All tasks of a split, in file order."""
+        """All tasks of a split, the files' tasks spread evenly (see ``_spread``)."""
         if split not in self._splits:
             raise ValueError(f"unknown split {split!r}")
         return list(self._splits[split])
@@ -376,3 +377,10 @@ class FncallEnv:
                 )
             )
         return tasks
+
+
+def _spread(lists: list[list[Task]]) -> list[Task]:
+    """Several files' tasks in one order where each file's are spread evenly (each file's own order kept), so the
+    first N tasks of a split, which a stage or the gate may read, hold every file's share of them."""
+    placed = [((i + 0.5) / len(tasks), f, task) for f, tasks in enumerate(lists) for i, task in enumerate(tasks)]
+    return [task for *_, task in sorted(placed, key=lambda p: p[:2])]

@@ -508,6 +508,8 @@ def test_bfcl_files_from_the_installed_package_split_one_by_one() -> None:
     }
     ids = [t.id for s in SPLITS for t in both.tasks(s)]
     assert len(ids) == len(set(ids)) == 400
+    first = Counter(t.metadata["category"] for t in both.tasks("dev")[:10])  # a stage reading 10 sees both files
+    assert first == {"simple_python": 5, "multiple": 5}
     again = FncallEnv(list(reversed(BFCL_FILES)), n_train=104, n_dev=32, n_test=64)
     assert {t.id for t in again.tasks("test")} == {t.id for t in both.tasks("test")}
     answers = _json_lines(Path(both.paths[0]).parent / "possible_answer" / "BFCL_v4_simple_python.json")
