@@ -77,7 +77,7 @@ class Decoder:
         self, model: Any, stop_ids: set[int], store_bytes: int = STORE_BYTES, bf16_single_token: bool = False
     ) -> None:
         """``bf16_single_token``: steps that compute one token read bf16 copies of fp32 base weights (see
-        ``autoevolve.policy.weights``): one stream decodes faster on a CPU, for twice the weights' memory."""
+        ``autoevolve.policy.weights``): one stream decodes faster on a CPU, for 1.5x the weights' memory."""
         inner = model.model  # PEFT wraps the linear layers in place, so every call sees the active adapter
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         self.head = model.lm_head
@@ -89,7 +89,6 @@ class Decoder:
         self.groups = self.heads // self.kv_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.scale = self.layers[0].self_attn.scaling
-        self.split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.stop_ids = stop_ids
         self.store = KVStore(store_bytes)
         self.prefixes: OrderedDict[tuple, Sequence] = OrderedDict()  # computed from scratch: the same in any process
