@@ -22,7 +22,9 @@ the same rule as the loop's stage 3 (the last ``distill.dev_tasks`` dev tasks, t
 the grid); without it, each arm trains for the loop's step count. Each arm has its own store and run folder under
 trajectories/baselines/RUN_ID/seedS/ARM; a re-run reuses what is stored only if the code that made it is unchanged
 (``_shared.fresh_home``). Per arm: labels seen, rollouts that made its training data, optimiser steps, examples,
-the test score with its 95% interval, and the paired difference to the loop.
+the test score with its 95% interval, and the paired difference to the loop. A config of several rounds also
+prints the loop round by round: the adapter serving after each round, the rollouts made up to it, and its test
+score, per tier too (the other arms are trained once, at the last round's labels and rollouts).
 
 Run: HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false .venv/bin/python bench/baselines.py [--seeds 0 1 2]
      .venv/bin/python bench/baselines.py --config configs/loop.yaml --arms loop sft_refs sft_then_rft icl_distill
@@ -151,6 +153,7 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
             for t in store.trajectories(run_id, hcp_id=i.hcp_id, adapter=i.adapter, task_ids=[i.task_id])
             if t.sample == i.sample
         ]  # fmt: skip
+        made = [t.round for s in DATA_STAGES for t in store.trajectories(run_id, stage=s)]
         facts = {
             "shortcuts": f"{shortcuts(kept, env)} of {len(kept)} kept wins skip a call their reference makes",
             "train_tasks": sorted({i for p in plans for i in p.train[:n]}),
@@ -160,6 +163,17 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
             "distilled": [i.task_id for a in trained if a.selection_id for i in store.selection(a.selection_id).items],
         }
     rewards = score(policy, cfg, served.ref, served.path) if served else score(policy, cfg)
+    if cfg.rounds > 1:
+        facts["rounds"] = []
+        for r, serving in enumerate(serving_by_round(trained, cfg.rounds)):
+            if serving == served:
+                scored = rewards
+            else:
+                scored = score(policy, cfg, serving.ref, serving.path) if serving else score(policy, cfg)
+            facts["rounds"].append({
+                "round": r, "serves": serving.ref if serving else "the base model",
+                "rollouts": sum(q <= r for q in made), "rewards": scored,
+            })  # fmt: skip
     note = f"serves {served.ref if served else 'the base model'}; {len(trained)} adapter(s) trained"
     note += f"; {facts['shortcuts']}"
     arm_row = Arm(
@@ -175,6 +189,36 @@ def run_loop(config: Any, arm: str, policy: Any, in_place: bool = False) -> tupl
         epochs=results[-1].get("epochs") if results else None,
     )
     return arm_row, facts
+
+
+def serving_by_round(trained: list[Any], rounds: int) -> list[Any]:
+    """The adapter serving after each round: the run's latest promoted one (live, or retired since) up to it."""
+    out = []
+    for r in range(rounds):
+        live = [a for a in trained if a.round <= r and a.status in ("promoted", "retired")]
+        out.append(max(live, key=lambda a: a.version) if live else None)
+    return out
+
+
+def round_lines(config: Any, rounds: list[dict[str, Any]]) -> list[str]:
+    """The loop round by round: what serves after it, the rollouts made so far, its test score (per tier too)."""
+    from autoevolve.stats import bootstrap_ci
+
+    tiers = [t.tier for t in test_tasks(config)]
+    kinds = sorted(set(tiers))
+    head = f"{'round':>5} {'serves':<20} {'rollouts':>8} {'test [95% CI]':>22} " + " ".join(
+        f"{f'tier {k}':>7}" for k in kinds
+    )
+    lines = ["the loop after each round", head]
+    for row in rounds:
+        lo, hi = bootstrap_ci(row["rewards"])
+        per = [_mean([x for x, t in zip(row["rewards"], tiers, strict=True) if t == k]) for k in kinds]
+        test = f"{_mean(row['rewards']):.3f} [{lo:.3f}, {hi:.3f}]"
+        lines.append(
+            f"{row['round']:>5} {row['serves']:<20} {row['rollouts']:>8} {test:>22} "
+            + " ".join(f"{v:>7.3f}" for v in per)
+        )
+    return lines
 
 
 def shortcuts(wins: list[Any], env: Any) -> int:
@@ -481,9 +525,13 @@ def main() -> None:
         arms, facts, policy = run_seed(cfg, args.arms, policy, args.loop_in_place)
         lines, rows = table(arms)
         head = f"{config.run_id}, seed {seed}: {len(arms[0].rewards)} test tasks, original config"
-        print("\n".join([head, *lines, "", *tier_lines(cfg, arms), "", *checks(arms), ""]))
+        by_round = round_lines(cfg, facts["rounds"]) + [""] if "rounds" in facts else []
+        print("\n".join([head, *lines, "", *tier_lines(cfg, arms), "", *by_round, *checks(arms), ""]))
         runs.append(arms)
-        body["seeds"].append({"seed": seed, "arms": rows, "references": facts["references"], "checks": checks(arms)})
+        body["seeds"].append({
+            "seed": seed, "arms": rows, "references": facts["references"], "checks": checks(arms),
+            "rounds": [r | {"score": _mean(r["rewards"])} for r in facts.get("rounds", [])],
+        })  # fmt: skip
     if len(runs) > 1:
         lines, rows = across_seeds(runs)
         print("\n".join([f"over {len(runs)} seeds", *lines]))
