@@ -405,7 +405,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument(
         "--insecure", action="store_true", help="listen on a non-loopback --host without --api-key-env (refused else)"
     )
-    srv.add_argument("--batch-size", type=int, default=16, help="most requests of one adapter per batch (default 16)")
+    srv.add_argument(
+        "--batch-size", type=int, default=16, help="most requests decoding in one batch, any adapters (default 16)"
+    )
     srv.add_argument(
         "--fp32-single-stream",
         action="store_true",
