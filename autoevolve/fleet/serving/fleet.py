@@ -12,13 +12,12 @@ entry's harness and routing call) computed anew; ``shared_kv`` continues that co
 entry expert's adapter already computed, so only the routing result is prefilled (``bench/router_kv.py`` measures
 the latency saved and the score lost).
 
-One worker thread owns the model: it takes the requests waiting (a few milliseconds' worth), batches those of one
-adapter into one ``generate`` call, and runs adapter loads and unloads between batches, so a batch never sees two
-versions of an adapter. A request that arrives while a batch decodes joins it at the next step when it is for the
-same adapter and samples alike (continuous batching; not while a load or unload waits), else it waits for the next
-batch. A request names a served name, not a version: it is resolved when its batch starts. A name
-unloaded to be loaded again (vLLM's promotion hook unloads, then loads) keeps its requests waiting for the reload,
-up to ``swap_grace_s``, instead of failing them.
+One worker thread owns the model (``autoevolve.fleet.serving.worker``): it batches the requests waiting, lets
+requests for any served adapter that sample alike join a running batch (continuous batching; not while a load or
+unload waits), and runs adapter loads and unloads between batches, so a batch never sees two versions of an
+adapter. A request names a served name, not a version: it is resolved when its batch starts. A name unloaded to be
+loaded again (vLLM's promotion hook unloads, then loads) keeps its requests waiting for the reload, up to
+``swap_grace_s``, instead of failing them.
 """
 
 from __future__ import annotations
@@ -26,13 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +39,7 @@ from autoevolve.fleet.router import latest_turn
 from autoevolve.fleet.serving.calls import View, cut, harnessed_call, in_context, read_calls
 from autoevolve.fleet.serving.live import Live
 from autoevolve.fleet.serving.wire import ChatBody, CompletionBody, Reply, SamplingBody, WireError, conversation
+from autoevolve.fleet.serving.worker import Control, Job, Worker
 from autoevolve.harness.change_model import CHANGE_MODEL, Routing, change_model_tool
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.model import base_model_id, chat_text
@@ -80,27 +79,6 @@ class Slot:
         }
 
 
-@dataclass
-class _Job:
-    """A model call waiting for the worker: a served name and how to make its request once the slot is known."""
-
-    name: str
-    build: Callable[[Slot], ChatRequest]
-    future: Future = field(default_factory=Future)
-    slot: Slot | None = None
-    request: ChatRequest | None = None
-    listener: Callable[[list[int]], bool] | None = None  # each decode step's new tokens (a stream's, a watcher's)
-    joined: bool = False  # taken by a running batch of another adapter, which answers it
-
-
-@dataclass
-class _Control:
-    """A change of the served adapters, run by the worker between batches."""
-
-    run: Callable[[], Any]
-    future: Future = field(default_factory=Future)
-
-
 class Fleet:
     """Serves chat completions over a LocalPolicy's base model and adapters (see the module docstring)."""
 
@@ -123,7 +101,7 @@ class Fleet:
         self.experts = {e.name: e for e in experts}
         self.entry = entry
         self.harnesses = dict(harnesses or {})  # an expert's harness when its folder and the store hold none
-        self.wait_s, self.swap_grace_s, self.recorder = wait_s, swap_grace_s, recorder
+        self.swap_grace_s, self.recorder = swap_grace_s, recorder
         self.switch = switch  # how the expert the router chose takes the turn over (see the module docstring)
         self.slots: dict[str, Slot] = {base: Slot(base, "")}
         self.aliases = {policy.model_name: base}  # the base model by the name its policy was made with, too
@@ -135,11 +113,7 @@ class Fleet:
         self.callers: OrderedDict[str, str] = OrderedDict()  # tool call id -> the served name that made it
         self._waiting = threading.BoundedSemaphore(max_waiting)
         self.in_flight, self._lock = 0, threading.Lock()  # requests admitted and not yet answered; guards callers
-        self._jobs: queue.Queue = queue.Queue()
-        self._later: list[Any] = []  # jobs taken from the queue while a batch ran that did not join it, in order
-        self._held: list[_Job] = []  # calls gathered for later batches of this round: the running batch may take them
-        self._fenced = True  # whether the running batch takes no joiners (a control waits, or it cannot)
-        threading.Thread(target=self._work, name="autoevolve-fleet", daemon=True).start()
+        self.worker = Worker(policy, self._slot, self._swapping, self._not_served, self.stats, wait_s)
 
     # -- the adapters served ------------------------------------------------------------------------------
 
@@ -156,11 +130,11 @@ class Fleet:
         registered ``NAME@vN``; default ``name``), under the harness its folder holds (else ``hcp``, else the
         expert's in ``harnesses``); WireError when the name is taken (unless ``inplace``), is the base model's, the
         folder is no adapter, or ``limit`` adapters are loaded already."""
-        return self._control(lambda: self._load(name, path, inplace, hcp, ref or name, limit))
+        return self._wait(self.worker.put(Control(lambda: self._load(name, path, inplace, hcp, ref or name, limit))))
 
     def unload(self, name: str) -> None:
         """Stop serving ``name`` (vLLM's ``unload_lora_adapter``); its requests wait ``swap_grace_s`` for a reload."""
-        self._control(lambda: self._unload(name))
+        self._wait(self.worker.put(Control(lambda: self._unload(name))))
 
     def cards(self) -> list[dict[str, Any]]:
         """``/v1/models``: the base model, each expert and each version served, and the router when there is one."""
@@ -214,8 +188,8 @@ class Fleet:
 
     def served(self, name: str) -> None:
         """WireError 404 unless ``name`` is served here."""
-        if self.aliases.get(name, name) not in self.slots and not (name == ROUTER and self._router_ready()):
-            raise WireError(f"model: {name!r} is not served here (served: {self._names()})", status=404, param="model")
+        if self._slot(name) is None and not (name == ROUTER and self._router_ready()):
+            raise self._not_served(name)
 
     def tokens(
         self, prompt: str | None, messages: list[dict[str, Any]] | None, generation_prompt: bool, special: bool
@@ -377,9 +351,8 @@ class Fleet:
                 live.begin(slot.ref or slot.name, text_only=not view.tools)
             return request
 
-        job = _Job(name, build, listener=live.take if live is not None else None)
-        self._jobs.put(job)
-        completion: Completion = self._wait(job.future)
+        job = Job(name, build, listener=live.take if live is not None else None)
+        completion: Completion = self._wait(self.worker.put(job))
         if completion.error:
             log.error("generation failed for %s: %s", name, completion.error)
             raise WireError("generation failed; the server's log says why", status=500)
@@ -457,6 +430,17 @@ class Fleet:
     def _names(self) -> str:
         return ", ".join(sorted(self.slots))
 
+    def _slot(self, name: str) -> Slot | None:
+        """The slot a served name (or the base model's other name) resolves to; None when it is not served."""
+        return self.slots.get(self.aliases.get(name, name))
+
+    def _swapping(self, name: str) -> bool:
+        """Whether a name not served now was unloaded within ``swap_grace_s`` (its requests wait for the reload)."""
+        return time.monotonic() - self.unloaded.get(name, -1e9) < self.swap_grace_s
+
+    def _not_served(self, name: str) -> WireError:
+        return WireError(f"model: {name!r} is not served here (served: {self._names()})", status=404, param="model")
+
     def _trajectory(self, body: ChatBody, history: list[Message], reply: Reply) -> Trajectory:
         """A served request as a stored trajectory: the conversation, the routing exchange, the answer (each
         assistant message with the adapter that wrote it)."""
@@ -477,132 +461,3 @@ class Fleet:
             prompt_tokens=reply.prompt_tokens,
             completion_tokens=reply.completion_tokens,
         )
-
-    # -- the worker ---------------------------------------------------------------------------------------------
-
-    def _control(self, run: Callable[[], Any]) -> Any:
-        job = _Control(run)
-        self._jobs.put(job)
-        return self._wait(job.future)
-
-    def _work(self) -> None:
-        """Forever: gather what waits, run it; requests for a name being swapped wait for the next round."""
-        waiting: list[Any] = []
-        while True:
-            later, self._later = self._later, []
-            try:
-                jobs = [*waiting, *later, self._jobs.get(timeout=0.02 if waiting or later else None)]
-            except queue.Empty:
-                jobs = [*waiting, *later]
-            deadline = time.monotonic() + self.wait_s
-            while (left := deadline - time.monotonic()) > 0:
-                try:
-                    jobs.append(self._jobs.get(timeout=left))
-                except queue.Empty:
-                    break
-            waiting = self._run(jobs)
-
-    def _run(self, jobs: list[Any]) -> list[_Job]:
-        """Run controls in order and batch the calls between them; returns the calls left waiting for a reload.
-        The calls after the last control may be joined by requests that arrive while they decode."""
-        waiting, calls = [], []
-        for job in jobs:
-            if isinstance(job, _Control):
-                self._generate(calls, joinable=False)
-                calls = []
-                _settle(job.future, job.run)
-                continue
-            slot = self.slots.get(self.aliases.get(job.name, job.name))
-            if slot is None and time.monotonic() - self.unloaded.get(job.name, -1e9) < self.swap_grace_s:
-                waiting.append(job)
-                continue
-            if slot is None:
-                job.future.set_exception(
-                    WireError(
-                        f"model: {job.name!r} is not served here (served: {self._names()})", status=404, param="model"
-                    )
-                )
-                continue
-            if _built(job, slot):
-                calls.append(job)
-        self._generate(calls, joinable=True)
-        return waiting
-
-    def _generate(self, calls: list[_Job], joinable: bool) -> None:
-        """One generate call per adapter for the calls gathered; a local policy's may be joined by new requests and
-        by the calls gathered for the other adapters (those it takes are answered by it)."""
-        groups: dict[str, list[_Job]] = {}
-        for job in calls:
-            groups.setdefault(job.slot.ref, []).append(job)
-        local = getattr(self.policy, "decoder", None) is not None  # only a local policy hears tokens, takes joiners
-        self._fenced = not (joinable and local)
-        self._held = [j for group in list(groups.values())[1:] for j in group] if not self._fenced else []
-        for ref, group in groups.items():
-            group = [j for j in group if not j.joined]
-            self._held = [j for j in self._held if j.slot.ref != ref]  # this batch's own rows now
-            if not group:
-                continue
-            listeners = [j.listener for j in group] if any(j.listener for j in group) else None
-            try:
-                extra: dict[str, Any] = {"listeners": listeners} if listeners else {}
-                if local:
-                    extra["arrivals"] = self._arrivals()
-                completions = self.policy.generate([j.request for j in group], ref or None, **extra)
-            except Exception as exc:  # noqa: BLE001 - the policy never raises; this is a bug, reported per request
-                completions = [Completion(error=f"{type(exc).__name__}: {exc}")] * len(group)
-            self.stats["batches"] += 1
-            self.stats["calls"] += len(group)
-            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(group))
-            for job, completion in zip(group, completions, strict=True):
-                job.future.set_result(completion)
-
-    def _arrivals(self) -> Callable[[Callable[[ChatRequest, str | None], bool], int], list[Any]]:
-        """What joins a running batch: the queued requests that fit it (any served adapter the decoder computes),
-        up to ``room``; the others are kept, in order, for the next round. A control (load, unload) stops the
-        joining: what was queued after it runs after it."""
-
-        def take(fits: Callable[[ChatRequest, str | None], bool], room: int) -> list[Any]:
-            joined: list[Any] = []
-            for job in list(self._held):
-                if len(joined) < room and fits(job.request, job.slot.ref or None):
-                    self._held.remove(job)
-                    job.joined = True
-                    joined.append((job.request, job.listener, job.future.set_result, job.slot.ref or None))
-            while len(joined) < room and not self._fenced:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
-                    break
-                slot = None if isinstance(job, _Control) else self.slots.get(self.aliases.get(job.name, job.name))
-                if slot is None:
-                    self._later.append(job)
-                    self._fenced = isinstance(job, _Control)
-                    continue
-                if not _built(job, slot):
-                    continue
-                if not fits(job.request, slot.ref or None):
-                    self._later.append(job)
-                    continue
-                joined.append((job.request, job.listener, job.future.set_result, slot.ref or None))
-            self.stats["calls"] += len(joined)
-            self.stats["joined"] += len(joined)
-            return joined
-
-        return take
-
-
-def _built(job: _Job, slot: Slot) -> bool:
-    """Make a call's request for the slot it resolved to; a request that cannot be made fails alone."""
-    try:
-        job.slot, job.request = slot, job.build(slot)
-    except Exception as exc:  # noqa: BLE001 - its caller gets the exception
-        job.future.set_exception(exc)
-        return False
-    return True
-
-
-def _settle(future: Future, run: Callable[[], Any]) -> None:
-    try:
-        future.set_result(run())
-    except Exception as exc:  # noqa: BLE001 - the caller gets the exception
-        future.set_exception(exc)
