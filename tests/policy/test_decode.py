@@ -278,7 +278,7 @@ def test_one_token_steps_read_a_bf16_copy_and_longer_inputs_the_fp32_weights() -
     assert torch.allclose(proj(rows), torch.nn.functional.linear(rows, weight, bias), atol=1e-4)
 
 
-def test_a_bf16_single_token_decoder_changes_only_one_row_steps(tiny_model_dir, pair) -> None:  # noqa: ANN001
+def test_a_bf16_single_token_decoder_keeps_fp32_for_several_rows(tiny_model_dir, pair) -> None:  # noqa: ANN001
     fast, _ = pair
     halved = LocalPolicy(str(tiny_model_dir), 8, "float32", bf16_single_token=True)
     assert halved.decoder is not None and halved.decoder.logits.half is not None
