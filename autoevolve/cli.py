@@ -409,10 +409,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "--batch-size", type=int, default=16, help="most requests decoding in one batch, any adapters (default 16)"
     )
     srv.add_argument(
-        "--fp32-single-stream",
+        "--fp32-weights",
         action="store_true",
-        help="steps that decode one token (a lone stream) read the fp32 weights; by default, on a CPU without native "
-        "bf16, they read a bf16 copy: faster for one stream (bench/decode_step.py), for 1.5x the weights' memory",
+        help="decode steps of a few rows read the fp32 weights; by default, on a CPU, they read compact copies: the "
+        "4-bit codes of weights that are 4-bit (a Q4 GGUF's layers), else bf16 for one row (bench/decode_step.py)",
     )
     srv.add_argument(
         "--switch",
@@ -472,7 +472,7 @@ def _serve(args: argparse.Namespace) -> int:
     if model == base_model_id(EMBEDDED):
         model = EMBEDDED  # the embedded copy of that model: no hub needed
     print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
-    policy = LocalPolicy(model, batch_size=args.batch_size, bf16_single_token=not args.fp32_single_stream)
+    policy = LocalPolicy(model, batch_size=args.batch_size, compact_weights=not args.fp32_weights)
     fleet = open_fleet(
         store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
     )

@@ -1,16 +1,19 @@
-"""One stream's decode step by weight dtype: where a single stream's speed can come from on a CPU.
+"""One stream's decode step by how the weights are stored: where a single stream's speed can come from on a CPU.
 
 A single stream on CPU is bound by reading the weights (every linear layer once per token). Side by side in one
-process, the embedded SmolLM2-135M-Instruct decodes 48 greedy tokens after a short chat prompt, one stream, five
+process, the embedded SmolLM2-135M-Instruct decodes 48 greedy tokens after a short chat prompt, one stream, six
 ways. Through transformers' forward with its KV cache, one token per pass: fp32; the linear layers' weights in bf16
 with everything else in fp32 (each layer's input cast to bf16, its output back to fp32); the whole model in bf16.
 Through the decoder ``autoevolve serve`` runs (``autoevolve.policy.decode``: oneDNN-packed fp32 weights, prompt-lookup
-guesses): fp32, and with its one-token steps reading bf16 copies of the weights (``bf16_single_token``, the
-server's default on a CPU). Per variant: milliseconds per generated token (the faster of two passes; a median step
-for the forward passes, decode seconds over tokens for the decoder), tokens/s, and how many of the 48 greedy tokens
-equal the fp32 forward's. Then, why only one-token steps read bf16: every linear layer's product (the decoder's
-fused groups and the head, as in ``autoevolve.policy.weights``) over 1, 2, 4 and 16 rows, oneDNN-packed fp32
-against bf16, median of 5 passes over all layers.
+guesses): fp32; its one-token steps reading bf16 copies of the weights; and, as served (``compact_weights``, the
+server's default on a CPU), its steps of up to four tokens reading the 4-bit codes of the weights that are 4-bit
+(the GGUF is Q4_1: every layer's are) and a bf16 copy of the head. Per variant: milliseconds per generated token (the
+faster of two passes; a median step for the forward passes, decode seconds over tokens for the decoder), tokens/s,
+and how many of the 48 greedy tokens equal the fp32 forward's. Then every linear layer's product (the decoder's
+fused groups and the head, as in ``autoevolve.policy.weights``) over 1, 2, 4 and 16 rows, median of 5 passes over
+all layers: oneDNN-packed fp32, bf16, int8 per row (weight-only, measured, not served: it would round the 4-bit
+weights) and 4-bit; the served step's share spent in its products; and the tokens/s the fastest products alone
+would allow.
 
 Goal (the serving single-stream goal): the decoder as served reaches >= 0.5x llama.cpp's single-stream tokens/s as
 recorded in bench/results/serve_load.json.
@@ -25,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,14 +90,33 @@ def served(policy: Any, messages: list[dict[str, str]]) -> tuple[float, list[int
     return policy.decoder.stats.decode_s / policy.decoder.stats.decode_tokens, tokens
 
 
+def int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight [out, in] as int8 with one bf16 scale per output row (weight-only, symmetric)."""
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale.to(torch.bfloat16)
+
+
+def bf16_copies(policy: Any) -> Any:
+    """The policy with bf16 copies where its decoder reads 4-bit codes (the one-token weights before 4-bit)."""
+    for layer in policy.decoder.base:
+        for group, projection in layer.items():
+            if projection.four_bit is not None:
+                layer[group] = replace(projection, four_bit=None, half=projection.weight.to(torch.bfloat16))
+    return policy
+
+
 @torch.inference_mode()
-def products_by_rows(model: torch.nn.Module) -> list[dict[str, Any]]:
-    """Milliseconds for every layer's products over a few rows: fp32 as the decoder packs it, and bf16 copies."""
-    from autoevolve.policy.weights import base_projections, pack
+def products_by_rows(model: torch.nn.Module) -> tuple[list[dict[str, Any]], int]:
+    """Milliseconds for every layer's products over a few rows, by how the weights are stored: fp32 as the decoder
+    packs it, bf16 copies, int8 (per row) and 4-bit (``FourBit``, where the weight is 4-bit; the rest bf16)
+    weight-only with the input cast to bf16; and how many of the weights are 4-bit already."""
+    from autoevolve.policy.weights import FourBit, base_projections, pack
 
     fp32 = [g for layer in model.model.layers for g in base_projections(layer).values()]
     fp32.append(pack(model.lm_head.weight.detach()))
     bf16 = [g.weight.to(torch.bfloat16) for g in fp32]
+    int8 = [int8_weight(g.weight) for g in fp32]
+    four_bit = [FourBit.of(g.weight) for g in fp32]  # None where a weight is not 4-bit: its bf16 copy is read
     rows = []
     for n in (1, 2, 4, 16):
         inputs = [torch.randn(n, g.weight.shape[1]) for g in fp32]
@@ -106,17 +129,25 @@ def products_by_rows(model: torch.nn.Module) -> list[dict[str, Any]]:
             for w, x in zip(bf16, xs, strict=True):
                 torch.nn.functional.linear(x.to(torch.bfloat16), w).float()
 
+        def run_int8(xs: list = inputs) -> None:
+            for (w, scale), x in zip(int8, xs, strict=True):
+                torch._weight_int8pack_mm(x.to(torch.bfloat16), w, scale).float()
+
+        def run_int4(xs: list = inputs) -> None:
+            for codes, w, x in zip(four_bit, bf16, xs, strict=True):
+                codes(x) if codes is not None else torch.nn.functional.linear(x.to(torch.bfloat16), w).float()
+
         timed = {}
-        for name, run in (("fp32", run_fp32), ("bf16", run_bf16)):
+        for name, run in (("fp32", run_fp32), ("bf16", run_bf16), ("int8", run_int8), ("int4", run_int4)):
             run()
             times = []
             for _ in range(5):
                 started = time.perf_counter()
                 run()
                 times.append(time.perf_counter() - started)
-            timed[name] = statistics.median(times) * 1e3
-        rows.append({"rows": n, "fp32_ms": round(timed["fp32"], 1), "bf16_ms": round(timed["bf16"], 1)})
-    return rows
+            timed[f"{name}_ms"] = round(statistics.median(times) * 1e3, 1)
+        rows.append({"rows": n, **timed})
+    return rows, sum(codes is not None for codes in four_bit)
 
 
 def main() -> None:
@@ -131,7 +162,10 @@ def main() -> None:
     forward = {"fp32": model, "bf16 linears": bf16_linears(model), "bf16": copy.deepcopy(model).to(torch.bfloat16)}
     decoders = {
         "decoder fp32": LocalPolicy("smollm2-135m-instruct", dtype="float32"),
-        "decoder, bf16 one-token steps": LocalPolicy("smollm2-135m-instruct", dtype="float32", bf16_single_token=True),
+        "decoder, bf16 one-token steps": bf16_copies(
+            LocalPolicy("smollm2-135m-instruct", dtype="float32", compact_weights=True)
+        ),
+        "decoder, 4-bit few-row steps": LocalPolicy("smollm2-135m-instruct", dtype="float32", compact_weights=True),
     }
     for policy in decoders.values():
         served(policy, messages)  # the shared prefix computed once, as on a warm server
@@ -153,10 +187,19 @@ def main() -> None:
     for r in rows:
         equal = f"{r['tokens_equal_fp32']}/{STEPS}"
         print(f"{r['variant']:<30} {r['ms_per_token']:>9.1f} {r['tokens_per_s']:>9.1f} {equal:>21}")
-    products = products_by_rows(model)
-    print(f"\n{'rows':>4} {'fp32 products ms':>17} {'bf16 products ms':>17} {'bf16 / fp32':>12}")
+    products, four_bit = products_by_rows(model)
+    head = f"{'products ms: fp32':>18} {'bf16':>6} {'int8':>6} {'int4':>6} {'bf16/fp32':>10} {'int4/bf16':>10}"
+    print(f"\n{'rows':>4} {head}")
     for r in products:
-        print(f"{r['rows']:>4} {r['fp32_ms']:>17.1f} {r['bf16_ms']:>17.1f} {r['bf16_ms'] / r['fp32_ms']:>12.2f}")
+        print(f"{r['rows']:>4} {r['fp32_ms']:>18.1f} {r['bf16_ms']:>6.1f} {r['int8_ms']:>6.1f} {r['int4_ms']:>6.1f}"
+              f" {r['bf16_ms'] / r['fp32_ms']:>10.2f} {r['int4_ms'] / r['bf16_ms']:>10.2f}")  # fmt: skip
+    one, served_ms = products[0], rows[-1]["ms_per_token"]
+    share, ceiling = one["int4_ms"] / served_ms, 1e3 / min(one["bf16_ms"], one["int8_ms"], one["int4_ms"])
+    print(f"4-bit already: {four_bit} of {4 * len(model.model.layers) + 1} weights (int4 reads those, bf16 the rest)")
+    print(
+        f"one row's products as served are {share:.0%} of the served step; the fastest products alone would allow"
+        f" {ceiling:.0f} tokens/s"
+    )
     llama = llama_cpp_single_stream()
     server = rows[-1]
     if llama is None:
@@ -171,7 +214,15 @@ def main() -> None:
     print("\n" + check)
     write_json(
         ROOT / "bench" / "results" / "decode_step.json",
-        {"rows": rows, "products": products, "llama_cpp": llama, "check": check},
+        {
+            "rows": rows,
+            "products": products,
+            "four_bit_weights": four_bit,
+            "products_share": round(share, 2),
+            "products_ceiling_tokens_per_s": round(ceiling, 1),
+            "llama_cpp": llama,
+            "check": check,
+        },
     )
 
 

@@ -36,9 +36,10 @@ class LocalPolicy:
         batch_size: int = 16,
         dtype: str = "auto",
         engine: Engine = "auto",
-        bf16_single_token: bool = False,
+        compact_weights: bool = False,
     ) -> None:
-        """``bf16_single_token``: the decoder's one-token steps read bf16 copies of fp32 weights (see ``Decoder``)."""
+        """``compact_weights``: the decoder's steps of a few rows read compact copies of fp32 weights (see
+        ``Decoder``)."""
         self.model_name = model
         self.base, self.tokenizer = model_loader.load(model, dtype)
         self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
@@ -47,7 +48,7 @@ class LocalPolicy:
         self.share_prefix = True  # without the decoder: a batch's common prompt prefix is computed once
         self.decoder = None
         if engine == "auto" and supports(self.base):
-            self.decoder = Decoder(self.base, self._stop_ids, bf16_single_token=bf16_single_token)
+            self.decoder = Decoder(self.base, self._stop_ids, compact_weights=compact_weights)
         self._grammars: Any = None  # autoevolve.policy.grammar.Grammars, made on the first constrained request
 
     def add_adapter(self, name: str, path: str) -> None:

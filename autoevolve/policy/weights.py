@@ -14,7 +14,11 @@ AMD processors. The packed product computes the same sums in another order, so r
 A step that computes one token (one stream decoding) reads every weight once for a single row, so its time is the
 time to read the weights: with ``half`` the base weights also keep a bf16 copy that such steps read instead (the
 input cast to bf16, the output back), half the bytes. On a CPU without native bf16 arithmetic this is faster only
-for one row (``bench/decode_step.py``); steps of more rows keep the fp32 weights.
+for one row (``bench/decode_step.py``); steps of more rows keep the fp32 weights. A weight that is 4-bit already
+(every group of 32 inputs in a row takes at most 16 evenly spaced values, as a Q4_1 GGUF's layers dequantise to) is
+kept as those 4-bit codes instead, with each group's step and minimum (``FourBit``), and read for steps of up to
+``FOUR_BIT_ROWS`` rows: a quarter of the bf16 copy's bytes, and faster there too (torch's CPU int4 kernel, bf16
+in and out, as gpt-fast runs it).
 """
 
 from __future__ import annotations
@@ -44,10 +48,14 @@ class Projection:
     b: torch.Tensor | None = None
     packed: torch.Tensor | None = None  # the weight in oneDNN's layout (see ``pack``), or None
     half: torch.Tensor | None = None  # a bf16 copy of the weight, read for one-token inputs (see ``pack``), or None
+    four_bit: FourBit | None = None  # the weight's own 4-bit codes, read for inputs of a few rows, or None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The group's outputs, concatenated in the group's order."""
-        if self.half is not None and x.numel() == x.shape[-1]:
+        if self.four_bit is not None and x.numel() <= FOUR_BIT_ROWS * x.shape[-1]:
+            y = self.four_bit(x)
+            y = y if self.bias is None else y + self.bias
+        elif self.half is not None and x.numel() == x.shape[-1]:
             y = F.linear(x.to(self.half.dtype), self.half).to(x.dtype)
             y = y if self.bias is None else y + self.bias
         elif self.packed is not None:
@@ -61,7 +69,42 @@ class Projection:
 
     def with_lora(self, a: torch.Tensor, b: torch.Tensor) -> Projection:
         """The same base weight with an adapter's factors."""
-        return Projection(self.weight, self.bias, a, b, self.packed, self.half)
+        return Projection(self.weight, self.bias, a, b, self.packed, self.half, self.four_bit)
+
+
+FOUR_BIT_GROUP = 32  # inputs per group of a 4-bit weight (llama.cpp's Q4 block)
+FOUR_BIT_ROWS = 4  # up to this many rows the int4 product beats oneDNN's fp32 one (bench/decode_step.py)
+
+
+@dataclass
+class FourBit:
+    """A weight [out, in] whose every group of 32 inputs in a row is ``minimum + step * code`` with codes 0-15, as
+    torch's CPU int4 kernel reads it: the codes packed, each group's step and (minimum + 8 steps) in bf16."""
+
+    packed: torch.Tensor
+    scales_zeros: torch.Tensor  # [in / 32, out, 2]
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> FourBit | None:
+        """The weight's 4-bit form, or None where it is not 4-bit (or this torch has no CPU int4 kernel)."""
+        out, inputs = weight.shape
+        if inputs % FOUR_BIT_GROUP or out % 16 or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            return None
+        groups = weight.reshape(out, inputs // FOUR_BIT_GROUP, FOUR_BIT_GROUP)
+        low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+        step = ((high - low) / 15).clamp(min=torch.finfo(weight.dtype).tiny)
+        codes = ((groups - low) / step).round().clamp(0, 15)
+        if (codes * step + low - groups).abs().max() > 1e-6 * weight.abs().max():
+            return None  # not 4-bit: quantising it would change the model
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.reshape(out, inputs).to(torch.int32), 1)
+        scales_zeros = torch.cat([step, low + 8 * step], dim=-1).transpose(0, 1).contiguous()
+        return cls(packed, scales_zeros.to(torch.bfloat16))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ weight.T, computed from the codes in bf16, returned in x's dtype."""
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, FOUR_BIT_GROUP, self.scales_zeros)
+        return y.to(x.dtype).view(*x.shape[:-1], -1)
 
 
 @dataclass
@@ -93,12 +136,16 @@ def mixed(base: list[dict[str, Projection]], parts: list[tuple[torch.Tensor, lis
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, half: bool = False) -> Projection:
     """A projection of a base weight [out, in], pre-packed for oneDNN where that runs here (fp32 on CPU); with
-    ``half``, an fp32 weight also keeps a bf16 copy for one-token inputs."""
-    packed = None
+    ``half``, an fp32 CPU weight also keeps its 4-bit codes for inputs of a few rows where it is 4-bit, else a bf16
+    copy for one-token inputs."""
+    packed = four_bit = copy = None
     if weight.device.type == "cpu" and weight.dtype == torch.float32 and _onednn_linear():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT)
-    copy = weight.to(torch.bfloat16) if half and weight.dtype == torch.float32 else None
-    return Projection(weight, bias, packed=packed, half=copy)
+    if half and weight.device.type == "cpu" and weight.dtype == torch.float32:
+        four_bit = FourBit.of(weight)
+    if half and weight.dtype == torch.float32 and four_bit is None:
+        copy = weight.to(torch.bfloat16)
+    return Projection(weight, bias, packed=packed, half=copy, four_bit=four_bit)
 
 
 ROWS_HINT = 64  # oneDNN packs for a typical row count; any count computes correctly

@@ -278,14 +278,60 @@ def test_one_token_steps_read_a_bf16_copy_and_longer_inputs_the_fp32_weights() -
     assert torch.allclose(proj(rows), torch.nn.functional.linear(rows, weight, bias), atol=1e-4)
 
 
-def test_a_bf16_single_token_decoder_keeps_fp32_for_several_rows(tiny_model_dir, pair) -> None:  # noqa: ANN001
+def test_a_compact_weights_decoder_keeps_fp32_for_several_rows(tiny_model_dir, pair) -> None:  # noqa: ANN001
     fast, _ = pair
-    halved = LocalPolicy(str(tiny_model_dir), 8, "float32", bf16_single_token=True)
+    halved = LocalPolicy(str(tiny_model_dir), 8, "float32", compact_weights=True)
     assert halved.decoder is not None and halved.decoder.logits.half is not None
     requests = _requests(4, 16)
     assert [c.text for c in halved.generate(requests)] == [c.text for c in fast.generate(requests)]  # 4 rows: fp32
     one = halved.generate(requests[:1])[0]
     assert one.completion_tokens == 16 and one.text == halved.generate(requests[:1])[0].text
+
+
+def _four_bit(weight: torch.Tensor) -> torch.Tensor:
+    """The weight snapped to 4 bits per group of 32 inputs (as a Q4_1 GGUF's layers dequantise)."""
+    groups = weight.reshape(weight.shape[0], -1, 32)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    step = (high - low) / 15
+    return (((groups - low) / step).round() * step + low).reshape(weight.shape)
+
+
+def test_a_4bit_weight_is_read_as_its_codes_for_up_to_four_rows_and_fp32_beyond() -> None:
+    from autoevolve.policy.weights import FOUR_BIT_ROWS, FourBit, pack
+
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
+    assert FourBit.of(weight) is None and pack(weight, half=True).half is not None  # not 4-bit: a bf16 copy
+    snapped = _four_bit(weight)
+    proj = pack(snapped, bias, half=True)
+    assert proj.four_bit is not None and proj.half is None and FOUR_BIT_ROWS == 4
+    exact = torch.nn.functional.linear
+    for rows in (1, 4):
+        x = torch.randn(rows, 1, 64, generator=gen)
+        assert torch.equal(proj(x), proj.four_bit(x) + bias)
+        assert torch.allclose(proj(x), exact(x, snapped, bias), rtol=2e-2, atol=5e-2)
+        assert not torch.allclose(proj(x), exact(x, snapped, bias), atol=1e-4)  # computed in bf16
+    five = torch.randn(5, 1, 64, generator=gen)
+    assert torch.allclose(proj(five), exact(five, snapped, bias), atol=1e-4)
+
+
+def test_a_decoder_over_4bit_layers_reads_their_codes(tiny_model_dir, tmp_path) -> None:  # noqa: ANN001
+    from autoevolve.model import load
+
+    lm, tokenizer = load(str(tiny_model_dir), "float32")
+    with torch.no_grad():
+        for layer in lm.model.layers:
+            for module in layer.modules():
+                if isinstance(module, torch.nn.Linear):
+                    module.weight.copy_(_four_bit(module.weight))
+    lm.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    policy = LocalPolicy(str(tmp_path), 8, "float32", compact_weights=True)
+    assert policy.decoder is not None
+    assert all(p.four_bit is not None and p.half is None for layer in policy.decoder.base for p in layer.values())
+    assert policy.decoder.logits.four_bit is None and policy.decoder.logits.half is not None  # the head is not 4-bit
+    one = policy.generate(_requests(1, 16))[0]
+    assert one.completion_tokens == 16 and one.text == policy.generate(_requests(1, 16))[0].text
 
 
 def test_rows_of_other_adapters_join_and_decode_what_they_decode_alone(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
