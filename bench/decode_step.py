@@ -13,7 +13,8 @@ and how many of the 48 greedy tokens equal the fp32 forward's. Then every linear
 fused groups and the head, as in ``autoevolve.policy.weights``) over 1, 2, 4 and 16 rows, median of 5 passes over
 all layers: oneDNN-packed fp32, bf16, int8 per row (weight-only, measured, not served: it would round the 4-bit
 weights) and 4-bit; the served step's share spent in its products; and the tokens/s the fastest products alone
-would allow.
+would allow. Last, the other lever for per-step overhead: a one-token step over a static KV buffer (every shape
+fixed) with the served projections, eager beside ``torch.compile`` (inductor's CPU code), and what compiling costs.
 
 Goal (the serving single-stream goal): the decoder as served reaches >= 0.5x llama.cpp's single-stream tokens/s as
 recorded in bench/results/serve_load.json.
@@ -150,6 +151,62 @@ def products_by_rows(model: torch.nn.Module) -> tuple[list[dict[str, Any]], int]
     return rows, sum(codes is not None for codes in four_bit)
 
 
+BUFFER = 1024  # the static KV buffer's length: every step attends to all of it, unwritten columns masked
+
+
+@torch.inference_mode()
+def static_step_compiled(policy: Any) -> dict[str, float]:
+    """One-token steps over a static KV buffer (every shape fixed, as ``torch.compile`` wants them), with the served
+    decoder's own projections (4-bit codes, bf16 head), eager and compiled by inductor: milliseconds per step
+    (median of 30, positions 100-129), the compile's seconds, and the largest logit difference between the two."""
+    from autoevolve.policy.decode import _rms_norm, _rope
+
+    d = policy.decoder
+    heads, kv_heads, dim = d.heads, d.kv_heads, d.head_dim
+    keys = [torch.zeros(kv_heads, BUFFER, dim) for _ in d.layers]
+    values = [torch.zeros(kv_heads, BUFFER, dim) for _ in d.layers]
+
+    def step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: torch.Tensor, bias: torch.Tensor) -> Any:
+        for layer, w, k_all, v_all in zip(d.layers, d.base, keys, values, strict=True):
+            qkv = w["qkv"](_rms_norm(layer.input_layernorm, x)).view(heads + 2 * kv_heads, dim)
+            qk, v = _rope(qkv[: heads + kv_heads], cos, sin), qkv[heads + kv_heads :]
+            k_all.index_copy_(1, at, qk[heads:].unsqueeze(1))
+            v_all.index_copy_(1, at, v.unsqueeze(1))
+            q = (qk[:heads] * d.scale).view(kv_heads, heads // kv_heads, dim)
+            p = torch.softmax(torch.bmm(q, k_all.transpose(1, 2)) + bias, dim=-1)
+            x = x + w["o"](torch.bmm(p, v_all).reshape(1, -1))
+            gate, up = w["gate_up"](_rms_norm(layer.post_attention_layernorm, x)).chunk(2, dim=-1)
+            x = x + w["down"](layer.mlp.act_fn(gate) * up)
+        return d._logits(x)
+
+    def inputs(position: int) -> tuple:
+        x = torch.randn(1, d.embed.weight.shape[1], generator=torch.Generator().manual_seed(position))
+        cos, sin = d.rotary(x.unsqueeze(0), torch.tensor([[position]]))
+        bias = torch.full((BUFFER,), float("-inf"))
+        bias[: position + 1] = 0
+        return x, cos[0], sin[0], torch.tensor([position]), bias
+
+    started = time.perf_counter()
+    compiled = torch.compile(step, dynamic=False)
+    compiled(*inputs(5))
+    compile_s = time.perf_counter() - started
+    times: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for position in range(100, 130):
+        for name, run in (("eager", step), ("compiled", compiled)):
+            args = inputs(position)
+            started = time.perf_counter()
+            run(*args)
+            times[name].append(time.perf_counter() - started)
+    args = inputs(50)
+    gap = float((step(*args) - compiled(*args)).abs().max())
+    return {
+        "eager_ms": round(statistics.median(times["eager"]) * 1e3, 1),
+        "compiled_ms": round(statistics.median(times["compiled"]) * 1e3, 1),
+        "compile_s": round(compile_s, 1),
+        "max_logit_gap": gap,
+    }
+
+
 def main() -> None:
     from autoevolve.model import load
     from autoevolve.policy.local import LocalPolicy
@@ -200,6 +257,12 @@ def main() -> None:
         f"one row's products as served are {share:.0%} of the served step; the fastest products alone would allow"
         f" {ceiling:.0f} tokens/s"
     )
+    compiled = static_step_compiled(decoders["decoder, 4-bit few-row steps"])
+    print(
+        f"one-token step over a static {BUFFER}-token KV buffer: eager {compiled['eager_ms']:.1f} ms, torch.compile"
+        f" {compiled['compiled_ms']:.1f} ms (compiled in {compiled['compile_s']:.0f} s; logits differ by at most"
+        f" {compiled['max_logit_gap']:.1e})"
+    )
     llama = llama_cpp_single_stream()
     server = rows[-1]
     if llama is None:
@@ -220,6 +283,7 @@ def main() -> None:
             "four_bit_weights": four_bit,
             "products_share": round(share, 2),
             "products_ceiling_tokens_per_s": round(ceiling, 1),
+            "static_kv_compile": compiled,
             "llama_cpp": llama,
             "check": check,
         },
