@@ -91,10 +91,17 @@ def served(policy: Any, messages: list[dict[str, str]]) -> tuple[float, list[int
     return policy.decoder.stats.decode_s / policy.decoder.stats.decode_tokens, tokens
 
 
-def int8_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight [out, in] as int8 with one bf16 scale per output row (weight-only, symmetric)."""
+def bf16_product(w: torch.Tensor) -> Any:
+    """x @ w.T from a bf16 copy of w, the input cast to bf16 and the output back."""
+    half = w.to(torch.bfloat16)
+    return lambda x: torch.nn.functional.linear(x.to(torch.bfloat16), half).float()
+
+
+def int8_product(w: torch.Tensor) -> Any:
+    """x @ w.T from w as int8 with one bf16 scale per output row (weight-only, symmetric)."""
     scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
-    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale.to(torch.bfloat16)
+    codes, scale = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale.to(torch.bfloat16)
+    return lambda x: torch._weight_int8pack_mm(x.to(torch.bfloat16), codes, scale).float()
 
 
 def bf16_copies(policy: Any) -> Any:
@@ -115,38 +122,25 @@ def products_by_rows(model: torch.nn.Module) -> tuple[list[dict[str, Any]], int]
 
     fp32 = [g for layer in model.model.layers for g in base_projections(layer).values()]
     fp32.append(pack(model.lm_head.weight.detach()))
-    bf16 = [g.weight.to(torch.bfloat16) for g in fp32]
-    int8 = [int8_weight(g.weight) for g in fp32]
     four_bit = [FourBit.of(g.weight) for g in fp32]  # None where a weight is not 4-bit: its bf16 copy is read
+    stored = {
+        "fp32": fp32,
+        "bf16": [bf16_product(g.weight) for g in fp32],
+        "int8": [int8_product(g.weight) for g in fp32],
+        "int4": [codes or bf16_product(g.weight) for codes, g in zip(four_bit, fp32, strict=True)],
+    }
     rows = []
     for n in (1, 2, 4, 16):
         inputs = [torch.randn(n, g.weight.shape[1]) for g in fp32]
-
-        def run_fp32(xs: list = inputs) -> None:
-            for g, x in zip(fp32, xs, strict=True):
-                g(x)
-
-        def run_bf16(xs: list = inputs) -> None:
-            for w, x in zip(bf16, xs, strict=True):
-                torch.nn.functional.linear(x.to(torch.bfloat16), w).float()
-
-        def run_int8(xs: list = inputs) -> None:
-            for (w, scale), x in zip(int8, xs, strict=True):
-                torch._weight_int8pack_mm(x.to(torch.bfloat16), w, scale).float()
-
-        def run_int4(xs: list = inputs) -> None:
-            for codes, w, x in zip(four_bit, bf16, xs, strict=True):
-                codes(x) if codes is not None else torch.nn.functional.linear(x.to(torch.bfloat16), w).float()
-
         timed = {}
-        for name, run in (("fp32", run_fp32), ("bf16", run_bf16), ("int8", run_int8), ("int4", run_int4)):
-            run()
+        for name, products in stored.items():
             times = []
-            for _ in range(5):
+            for _ in range(6):  # the first pass warms up
                 started = time.perf_counter()
-                run()
+                for product, x in zip(products, inputs, strict=True):
+                    product(x)
                 times.append(time.perf_counter() - started)
-            timed[f"{name}_ms"] = round(statistics.median(times) * 1e3, 1)
+            timed[f"{name}_ms"] = round(statistics.median(times[1:]) * 1e3, 1)
         rows.append({"rows": n, **timed})
     return rows, sum(codes is not None for codes in four_bit)
 
@@ -159,8 +153,6 @@ def static_step_compiled(policy: Any) -> dict[str, float]:
     """One-token steps over a static KV buffer (every shape fixed, as ``torch.compile`` wants them), with the served
     decoder's own projections (4-bit codes, bf16 head), eager and compiled by inductor: milliseconds per step
     (median of 30, positions 100-129), the compile's seconds, and the largest logit difference between the two."""
-    from autoevolve.policy.decode import _rms_norm, _rope
-
     d = policy.decoder
     heads, kv_heads, dim = d.heads, d.kv_heads, d.head_dim
     keys = [torch.zeros(kv_heads, BUFFER, dim) for _ in d.layers]
@@ -168,23 +160,20 @@ def static_step_compiled(policy: Any) -> dict[str, float]:
 
     def step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: torch.Tensor, bias: torch.Tensor) -> Any:
         for layer, w, k_all, v_all in zip(d.layers, d.base, keys, values, strict=True):
-            qkv = w["qkv"](_rms_norm(layer.input_layernorm, x)).view(heads + 2 * kv_heads, dim)
-            qk, v = _rope(qkv[: heads + kv_heads], cos, sin), qkv[heads + kv_heads :]
-            k_all.index_copy_(1, at, qk[heads:].unsqueeze(1))
-            v_all.index_copy_(1, at, v.unsqueeze(1))
-            q = (qk[:heads] * d.scale).view(kv_heads, heads // kv_heads, dim)
+            q, k, v = d._qkv(layer, w, x, cos, sin)  # the decoder's own layer, around a static attention
+            k_all.index_copy_(1, at, k[0])
+            v_all.index_copy_(1, at, v[0])
+            q = (q[0] * d.scale).view(kv_heads, heads // kv_heads, dim)
             p = torch.softmax(torch.bmm(q, k_all.transpose(1, 2)) + bias, dim=-1)
-            x = x + w["o"](torch.bmm(p, v_all).reshape(1, -1))
-            gate, up = w["gate_up"](_rms_norm(layer.post_attention_layernorm, x)).chunk(2, dim=-1)
-            x = x + w["down"](layer.mlp.act_fn(gate) * up)
-        return d._logits(x)
+            x = d._finish(layer, w, x, torch.bmm(p, v_all).view(1, heads, 1, dim))
+        return d._logits(x[:, 0])
 
     def inputs(position: int) -> tuple:
-        x = torch.randn(1, d.embed.weight.shape[1], generator=torch.Generator().manual_seed(position))
-        cos, sin = d.rotary(x.unsqueeze(0), torch.tensor([[position]]))
+        x = torch.randn(1, 1, d.embed.weight.shape[1], generator=torch.Generator().manual_seed(position))
+        cos, sin = d.rotary(x, torch.tensor([[position]]))
         bias = torch.full((BUFFER,), float("-inf"))
         bias[: position + 1] = 0
-        return x, cos[0], sin[0], torch.tensor([position]), bias
+        return x, cos, sin, torch.tensor([position]), bias
 
     started = time.perf_counter()
     compiled = torch.compile(step, dynamic=False)

@@ -12,7 +12,7 @@ On CPU, fp32 base weights are also kept pre-packed for oneDNN (``pack``): its ma
 AMD processors. The packed product computes the same sums in another order, so results differ by float rounding.
 
 A step that computes one token (one stream decoding) reads every weight once for a single row, so its time is the
-time to read the weights: with ``half`` the base weights also keep a bf16 copy that such steps read instead (the
+time to read the weights: with ``compact`` the base weights also keep a bf16 copy that such steps read instead (the
 input cast to bf16, the output back), half the bytes. On a CPU without native bf16 arithmetic this is faster only
 for one row (``bench/decode_step.py``); steps of more rows keep the fp32 weights. A weight that is 4-bit already
 (every group of 32 inputs in a row takes at most 16 evenly spaced values, as a Q4_1 GGUF's layers dequantise to) is
@@ -134,16 +134,16 @@ def mixed(base: list[dict[str, Projection]], parts: list[tuple[torch.Tensor, lis
     ]
 
 
-def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, half: bool = False) -> Projection:
+def pack(weight: torch.Tensor, bias: torch.Tensor | None = None, compact: bool = False) -> Projection:
     """A projection of a base weight [out, in], pre-packed for oneDNN where that runs here (fp32 on CPU); with
-    ``half``, an fp32 CPU weight also keeps its 4-bit codes for inputs of a few rows where it is 4-bit, else a bf16
+    ``compact``, an fp32 CPU weight also keeps its 4-bit codes for inputs of a few rows where it is 4-bit, else a bf16
     copy for one-token inputs."""
     packed = four_bit = copy = None
     if weight.device.type == "cpu" and weight.dtype == torch.float32 and _onednn_linear():
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, ROWS_HINT)
-    if half and weight.device.type == "cpu" and weight.dtype == torch.float32:
+    if compact and weight.device.type == "cpu" and weight.dtype == torch.float32:
         four_bit = FourBit.of(weight)
-    if half and weight.dtype == torch.float32 and four_bit is None:
+    if compact and weight.dtype == torch.float32 and four_bit is None:
         copy = weight.to(torch.bfloat16)
     return Projection(weight, bias, packed=packed, half=copy, four_bit=four_bit)
 
@@ -166,8 +166,8 @@ def _onednn_linear() -> bool:
     return bool(torch.allclose(y, F.linear(x, w), atol=1e-4))
 
 
-def base_projections(layer: Any, half: bool = False) -> dict[str, Projection]:
-    """A layer's four projection groups with the base weights (stacked once; the adapters share them); ``half``: see
+def base_projections(layer: Any, compact: bool = False) -> dict[str, Projection]:
+    """A layer's four projection groups with the base weights (stacked once; the adapters share them); ``compact``: see
     ``pack``."""
     out = {}
     for group, names in GROUPS.items():
@@ -181,7 +181,7 @@ def base_projections(layer: Any, half: bool = False) -> dict[str, Projection]:
         if any(b is not None for b in biases):
             bias = torch.cat([b if b is not None else torch.zeros(w.weight.shape[0], dtype=w.weight.dtype)
                               for b, w in zip(biases, bases, strict=True)])  # fmt: skip
-        out[group] = pack(weight.detach(), bias.detach() if bias is not None else None, half)
+        out[group] = pack(weight.detach(), bias.detach() if bias is not None else None, compact)
     return out
 
 

@@ -269,7 +269,7 @@ def test_one_token_steps_read_a_bf16_copy_and_longer_inputs_the_fp32_weights() -
 
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
-    proj = pack(weight, bias, half=True)
+    proj = pack(weight, bias, compact=True)
     assert proj.half is not None and proj.half.dtype == torch.bfloat16 and pack(weight, bias).half is None
     one = torch.randn(1, 1, 24, generator=gen)
     halved = torch.nn.functional.linear(one.bfloat16(), weight.bfloat16()).float() + bias
@@ -296,23 +296,23 @@ def _four_bit(weight: torch.Tensor) -> torch.Tensor:
     return (((groups - low) / step).round() * step + low).reshape(weight.shape)
 
 
-def test_a_4bit_weight_is_read_as_its_codes_for_up_to_four_rows_and_fp32_beyond() -> None:
+def test_a_4bit_weight_is_read_as_its_codes_for_a_few_rows_and_fp32_beyond() -> None:
     from autoevolve.policy.weights import FOUR_BIT_ROWS, FourBit, pack
 
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
-    assert FourBit.of(weight) is None and pack(weight, half=True).half is not None  # not 4-bit: a bf16 copy
+    assert FourBit.of(weight) is None and pack(weight, compact=True).half is not None  # not 4-bit: a bf16 copy
     snapped = _four_bit(weight)
-    proj = pack(snapped, bias, half=True)
-    assert proj.four_bit is not None and proj.half is None and FOUR_BIT_ROWS == 4
+    proj = pack(snapped, bias, compact=True)
+    assert proj.four_bit is not None and proj.half is None
     exact = torch.nn.functional.linear
-    for rows in (1, 4):
+    for rows in (1, FOUR_BIT_ROWS):
         x = torch.randn(rows, 1, 64, generator=gen)
         assert torch.equal(proj(x), proj.four_bit(x) + bias)
         assert torch.allclose(proj(x), exact(x, snapped, bias), rtol=2e-2, atol=5e-2)
         assert not torch.allclose(proj(x), exact(x, snapped, bias), atol=1e-4)  # computed in bf16
-    five = torch.randn(5, 1, 64, generator=gen)
-    assert torch.allclose(proj(five), exact(five, snapped, bias), atol=1e-4)
+    more = torch.randn(FOUR_BIT_ROWS + 1, 1, 64, generator=gen)
+    assert torch.allclose(proj(more), exact(more, snapped, bias), atol=1e-4)
 
 
 def test_a_decoder_over_4bit_layers_reads_their_codes(tiny_model_dir, tmp_path) -> None:  # noqa: ANN001
