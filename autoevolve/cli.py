@@ -24,12 +24,16 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoevolve.config import ConfigError, RunConfig, load_config
 from autoevolve.envs import guard
 from autoevolve.envs.guard import EnvironmentFault
 from autoevolve.fleet.fleetfile import is_fleet_file, load_fleet
 from autoevolve.store.postgres import is_url
+
+if TYPE_CHECKING:
+    from autoevolve.policy.local import LocalPolicy
 
 DEFAULT_STORE = "trajectories/autoevolve.duckdb"
 
@@ -415,6 +419,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "4-bit codes of weights that are 4-bit (a Q4 GGUF's layers), else bf16 for one row (bench/decode_step.py)",
     )
     srv.add_argument(
+        "--eager",
+        action="store_true",
+        help="compile nothing: by default the decode step of a lone request is compiled before the server listens "
+        "(torch.compile; SmolLM2-135M on 2 cores: about 80 s the first time on a machine, seconds after), for the "
+        "base and each adapter shape loaded at start; adapters loaded later of a shape compiled use it too",
+    )
+    srv.add_argument(
         "--switch",
         choices=["own", "shared", "shared_kv"],
         default="own",
@@ -472,10 +483,13 @@ def _serve(args: argparse.Namespace) -> int:
     if model == base_model_id(EMBEDDED):
         model = EMBEDDED  # the embedded copy of that model: no hub needed
     print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
-    policy = LocalPolicy(model, batch_size=args.batch_size, compact_weights=not args.fp32_weights)
+    policy = LocalPolicy(
+        model, batch_size=args.batch_size, compact_weights=not args.fp32_weights, compiled_steps=not args.eager
+    )
     fleet = open_fleet(
         store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
     )
+    _warm(policy)
     fleet.switch = args.switch
     print(f"serving {', '.join(c['id'] for c in fleet.cards())} on http://{args.host}:{args.port}/v1")
     if runtime is not None:
@@ -483,6 +497,19 @@ def _serve(args: argparse.Namespace) -> int:
               f"{', '.join(map(str, runtime.roots))} (at most {runtime.max_loras} adapters)")  # fmt: skip
     run_server(fleet, args.host, args.port, key, runtime)
     return 0
+
+
+def _warm(policy: LocalPolicy) -> None:
+    """Compile the one-row decode step before the server listens; where that fails, say why and decode eagerly."""
+    if policy.decoder is None or policy.decoder.streams is None:
+        return
+    print("compiling the one-row decode step for the base and each adapter shape (a minute or more the first time "
+          "on a machine; --eager skips it)", flush=True)  # fmt: skip
+    try:
+        print(f"  compiled in {policy.warm_steps():.0f} s", flush=True)
+    except Exception as exc:  # noqa: BLE001 - no C++ compiler, an operation inductor lacks: serve eagerly
+        policy.decoder.streams = None
+        print(f"  not compiled ({type(exc).__name__}: {str(exc)[:200]}); lone requests decode eagerly", flush=True)
 
 
 def _loopback(host: str) -> bool:

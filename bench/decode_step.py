@@ -1,20 +1,20 @@
 """One stream's decode step by how the weights are stored: where a single stream's speed can come from on a CPU.
 
 A single stream on CPU is bound by reading the weights (every linear layer once per token). Side by side in one
-process, the embedded SmolLM2-135M-Instruct decodes 48 greedy tokens after a short chat prompt, one stream, six
+process, the embedded SmolLM2-135M-Instruct decodes 48 greedy tokens after a short chat prompt, one stream, seven
 ways. Through transformers' forward with its KV cache, one token per pass: fp32; the linear layers' weights in bf16
 with everything else in fp32 (each layer's input cast to bf16, its output back to fp32); the whole model in bf16.
 Through the decoder ``autoevolve serve`` runs (``autoevolve.policy.decode``: oneDNN-packed fp32 weights, prompt-lookup
-guesses): fp32; its one-token steps reading bf16 copies of the weights; and, as served (``compact_weights``, the
-server's default on a CPU), its steps of up to four tokens reading the 4-bit codes of the weights that are 4-bit
-(the GGUF is Q4_1: every layer's are) and a bf16 copy of the head. Per variant: milliseconds per generated token (the
-faster of two passes; a median step for the forward passes, decode seconds over tokens for the decoder), tokens/s,
+guesses): fp32; its one-token steps reading bf16 copies of the weights; its steps of up to four tokens reading the
+4-bit codes of the weights that are 4-bit (``compact_weights``; the GGUF is Q4_1: every layer's are) and a bf16 copy
+of the head; and as served (the server's default on a CPU), those weights with the lone row's steps compiled
+(``compiled_steps``, ``autoevolve.policy.stream``; its compile timed). Per variant: milliseconds per generated token
+(the faster of two passes; a median step for the forward passes, decode seconds over tokens for the decoder), tokens/s,
 and how many of the 48 greedy tokens equal the fp32 forward's. Then every linear layer's product (the decoder's
 fused groups and the head, as in ``autoevolve.policy.weights``) over 1, 2, 4 and 16 rows, median of 5 passes over
 all layers: oneDNN-packed fp32, bf16, int8 per row (weight-only, measured, not served: it would round the 4-bit
 weights) and 4-bit; the served step's share spent in its products; and the tokens/s the fastest products alone
-would allow. Last, the other lever for per-step overhead: a one-token step over a static KV buffer (every shape
-fixed) with the served projections, eager beside ``torch.compile`` (inductor's CPU code), and what compiling costs.
+would allow.
 
 Goal (the serving single-stream goal): the decoder as served reaches >= 0.5x llama.cpp's single-stream tokens/s as
 recorded in bench/results/serve_load.json.
@@ -145,57 +145,6 @@ def products_by_rows(model: torch.nn.Module) -> tuple[list[dict[str, Any]], int]
     return rows, sum(codes is not None for codes in four_bit)
 
 
-BUFFER = 1024  # the static KV buffer's length: every step attends to all of it, unwritten columns masked
-
-
-@torch.inference_mode()
-def static_step_compiled(policy: Any) -> dict[str, float]:
-    """One-token steps over a static KV buffer (every shape fixed, as ``torch.compile`` wants them), with the served
-    decoder's own projections (4-bit codes, bf16 head), eager and compiled by inductor: milliseconds per step
-    (median of 30, positions 100-129), the compile's seconds, and the largest logit difference between the two."""
-    d = policy.decoder
-    heads, kv_heads, dim = d.heads, d.kv_heads, d.head_dim
-    keys = [torch.zeros(kv_heads, BUFFER, dim) for _ in d.layers]
-    values = [torch.zeros(kv_heads, BUFFER, dim) for _ in d.layers]
-
-    def step(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: torch.Tensor, bias: torch.Tensor) -> Any:
-        for layer, w, k_all, v_all in zip(d.layers, d.base, keys, values, strict=True):
-            q, k, v = d._qkv(layer, w, x, cos, sin)  # the decoder's own layer, around a static attention
-            k_all.index_copy_(1, at, k[0])
-            v_all.index_copy_(1, at, v[0])
-            q = (q[0] * d.scale).view(kv_heads, heads // kv_heads, dim)
-            p = torch.softmax(torch.bmm(q, k_all.transpose(1, 2)) + bias, dim=-1)
-            x = d._finish(layer, w, x, torch.bmm(p, v_all).view(1, heads, 1, dim))
-        return d._logits(x[:, 0])
-
-    def inputs(position: int) -> tuple:
-        x = torch.randn(1, 1, d.embed.weight.shape[1], generator=torch.Generator().manual_seed(position))
-        cos, sin = d.rotary(x, torch.tensor([[position]]))
-        bias = torch.full((BUFFER,), float("-inf"))
-        bias[: position + 1] = 0
-        return x, cos, sin, torch.tensor([position]), bias
-
-    started = time.perf_counter()
-    compiled = torch.compile(step, dynamic=False)
-    compiled(*inputs(5))
-    compile_s = time.perf_counter() - started
-    times: dict[str, list[float]] = {"eager": [], "compiled": []}
-    for position in range(100, 130):
-        for name, run in (("eager", step), ("compiled", compiled)):
-            args = inputs(position)
-            started = time.perf_counter()
-            run(*args)
-            times[name].append(time.perf_counter() - started)
-    args = inputs(50)
-    gap = float((step(*args) - compiled(*args)).abs().max())
-    return {
-        "eager_ms": round(statistics.median(times["eager"]) * 1e3, 1),
-        "compiled_ms": round(statistics.median(times["compiled"]) * 1e3, 1),
-        "compile_s": round(compile_s, 1),
-        "max_logit_gap": gap,
-    }
-
-
 def main() -> None:
     from autoevolve.model import load
     from autoevolve.policy.local import LocalPolicy
@@ -212,7 +161,11 @@ def main() -> None:
             LocalPolicy("smollm2-135m-instruct", dtype="float32", compact_weights=True)
         ),
         "decoder, 4-bit few-row steps": LocalPolicy("smollm2-135m-instruct", dtype="float32", compact_weights=True),
+        "decoder, 4-bit, compiled lone row": LocalPolicy(
+            "smollm2-135m-instruct", dtype="float32", compact_weights=True, compiled_steps=True
+        ),
     }
+    compile_s = decoders["decoder, 4-bit, compiled lone row"].warm_steps()
     for policy in decoders.values():
         served(policy, messages)  # the shared prefix computed once, as on a warm server
     best: dict[str, float] = {}
@@ -246,12 +199,7 @@ def main() -> None:
         f"one row's products as served are {share:.0%} of the served step; the fastest products alone would allow"
         f" {ceiling:.0f} tokens/s"
     )
-    compiled = static_step_compiled(decoders["decoder, 4-bit few-row steps"])
-    print(
-        f"one-token step over a static {BUFFER}-token KV buffer: eager {compiled['eager_ms']:.1f} ms, torch.compile"
-        f" {compiled['compiled_ms']:.1f} ms (compiled in {compiled['compile_s']:.0f} s; logits differ by at most"
-        f" {compiled['max_logit_gap']:.1e})"
-    )
+    print(f"the lone row's step compiled in {compile_s:.0f} s (inductor's cache on this machine may hold it)")
     llama = llama_cpp_single_stream()
     server = rows[-1]
     if llama is None:
@@ -272,7 +220,7 @@ def main() -> None:
             "four_bit_weights": four_bit,
             "products_share": round(share, 2),
             "products_ceiling_tokens_per_s": round(ceiling, 1),
-            "static_kv_compile": compiled,
+            "compile_s": round(compile_s, 1),
             "llama_cpp": llama,
             "check": check,
         },

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from autoevolve.policy.kvstore import KV, Sequence
+from autoevolve.policy.stream import Stream
 from autoevolve.policy.weights import mixed
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class Batch:
         self.prefix: Sequence | None = None
         self.guides: list[Any] | None = None
         self.drafts: Guesses | None = None
+        self.stream: tuple[int, Stream] | None = None  # a lone live row and its compiled steps' buffers
         self.scoring = self.guessing = False
 
     def add(self, joiners: list[Joiner]) -> None:
@@ -111,6 +113,7 @@ class Batch:
                 self.add([j for j, a in zip(joiners, adapters, strict=True) if a == adapter])
             return
         d, started, adapter = self.decoder, time.perf_counter(), adapters[0]
+        self.stream = None
         rows = [j.tokens for j in joiners]
         guided, scored = any(j.guide is not None for j in joiners), any(j.scores is not None for j in joiners)
         if self.prefix is None:  # the call's own rows: they set what the batch computes
@@ -211,6 +214,8 @@ class Batch:
         limits = [self.joiners[i].max_new for i in self.active]
         guesses = self.drafts.guess(outs, limits) if self.drafts is not None else [[]] * len(outs)
         width = 1 + max(len(g) for g in guesses)
+        if width == 1 and self._streamed():
+            return
         ids = torch.tensor([[out[-1], *g] + [0] * (width - 1 - len(g)) for out, g in zip(outs, guesses, strict=True)])
         hidden = d._decode(self._weights(), ids, self.lengths + self.fed, self.prefix, self.cache, self.fed)
         d.stats.decode_steps += 1
@@ -230,6 +235,41 @@ class Batch:
             self.fed[slot] += 1 + taken
             self.drafts.judge(slot, len(guess), taken)
         d.stats.guessed_tokens += sum(len(t) - 1 for t in self.new)
+        if self.stream is not None:  # a lone row's guesses were checked eagerly: its stream takes the tokens kept
+            fed = int(self.fed[0])
+            if not self.stream[1].follow(self.cache, fed - len(self.new[0]), fed):
+                self.stream = None
+
+    def _streamed(self) -> bool:
+        """A lone live row's next token from the decoder's compiled step (``autoevolve.policy.stream``), where one is
+        ready: its keys and values go to the row's buffers as well; whether it was."""
+        d = self.decoder
+        if d.streams is None or len(self.active) != 1:
+            self.stream = None  # a step of several rows: a lone row later opens a stream afresh
+            return False
+        row, fed = self.active[0], int(self.fed[0])
+        if self.stream is None or self.stream[0] != row:
+            adapter = self.adapters[row]
+            if adapter not in d.streams.ready:
+                return False
+            needed = int(self.lengths[0]) + fed + self.joiners[row].max_new - len(self.out[row]) + 1
+            stream = d.streams.open(adapter, self.cache.whole(0, self.prefix.prefix, fed), needed)
+            if stream is None:
+                return False
+            self.stream = row, stream
+        token = self.out[row][-1]
+        logits, new = self.stream[1](d, token)
+        for index, (k, v) in enumerate(new):
+            self.cache.gen_k[index][0, :, fed] = k[:, 0]
+            self.cache.gen_v[index][0, :, fed] = v[:, 0]
+        d.stats.decode_steps += 1
+        d.stats.compiled_steps += 1
+        self.raw = _log_softmax(logits, self.scoring)
+        if self.seen is not None:
+            self.seen[0, token] = True
+        self.new = [[t] for t in self._pick(logits, self.active, self.seen).tolist()]
+        self.fed += 1
+        return True
 
     def _weights(self) -> list:
         """The layers the live rows decode under: their adapter's, or each row's own LoRA where they differ."""
@@ -300,13 +340,21 @@ class Rows:
         self, slot: int, adapter: str | None, key: str, tokens: list[int], prefix: Sequence, fed: int
     ) -> Sequence:
         """A row as a stored sequence: the prefix by reference, its own prompt and its first ``fed`` new tokens."""
+        return Sequence(adapter, key, np.asarray(tokens), prefix.prefix, self.whole(slot, [], fed))
+
+    def whole(self, slot: int, prefix: KV, fed: int) -> KV:
+        """A row's keys and values per layer, [kv_heads, tokens, head_dim]: ``prefix`` (per layer; or none), its own
+        prompt, and its first ``fed`` new tokens."""
         start = self.width - self.lengths[slot]
-        own = [
-            (torch.cat([k[slot, :, start:], gk[slot, :, :fed]], dim=1),
-             torch.cat([v[slot, :, start:], gv[slot, :, :fed]], dim=1))
-            for k, v, gk, gv in zip(self.k, self.v, self.gen_k, self.gen_v, strict=True)
-        ]  # fmt: skip
-        return Sequence(adapter, key, np.asarray(tokens), prefix.prefix, own)
+        out = []
+        for index, shared in enumerate(prefix or [None] * len(self.k)):
+            k = [self.k[index][slot, :, start:], self.gen_k[index][slot, :, :fed]]
+            v = [self.v[index][slot, :, start:], self.gen_v[index][slot, :, :fed]]
+            if shared is not None:
+                k.insert(0, shared[0])
+                v.insert(0, shared[1])
+            out.append((torch.cat(k, dim=1), torch.cat(v, dim=1)))
+        return out
 
     def keep(self, slots: list[int]) -> list[int]:
         """Keep only these rows (ascending); returns the old slot of each row kept, in its new order.

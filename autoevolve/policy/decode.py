@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from autoevolve.policy.batch import Batch, Joiner, Listener, Sampling, Scored
 from autoevolve.policy.kvstore import KV, KVStore, Sequence
+from autoevolve.policy.stream import Streams
 from autoevolve.policy.weights import Projection, Unsupported, adapter_projections, base_projections, pack
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class Stats:
     decode_steps: int = 0
     decode_tokens: int = 0  # tokens generated (stop tokens included)
     guessed_tokens: int = 0  # of those, prompt-lookup guesses the model confirmed (see Guesses)
+    compiled_steps: int = 0  # decode steps of a lone row through the compiled step (autoevolve.policy.stream)
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -74,11 +76,17 @@ class Decoder:
     """Batched decoding over a (possibly LoRA-wrapped) Llama-shaped model; see the module docstring."""
 
     def __init__(
-        self, model: Any, stop_ids: set[int], store_bytes: int = STORE_BYTES, compact_weights: bool = False
+        self,
+        model: Any,
+        stop_ids: set[int],
+        store_bytes: int = STORE_BYTES,
+        compact_weights: bool = False,
+        compiled_steps: bool = False,
     ) -> None:
         """``compact_weights``: steps of a few tokens read compact copies of fp32 base weights, the 4-bit codes of a
         weight that is 4-bit, else a bf16 copy for one token (see ``autoevolve.policy.weights``): a few streams
-        decode faster on a CPU, for 1.25x (4-bit) to 1.5x (bf16) the weights' memory."""
+        decode faster on a CPU, for 1.25x (4-bit) to 1.5x (bf16) the weights' memory. ``compiled_steps``: a lone
+        row decodes through a compiled step once it is compiled (``autoevolve.policy.stream``)."""
         inner = model.model  # PEFT wraps the linear layers in place, so every call sees the active adapter
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         self.head = model.lm_head
@@ -95,6 +103,7 @@ class Decoder:
         self.prefixes: OrderedDict[tuple, Sequence] = OrderedDict()  # computed from scratch: the same in any process
         self.base: Layers = [base_projections(layer, compact_weights) for layer in self.layers]
         self.adapters: OrderedDict[str, Layers] = OrderedDict()
+        self.streams = Streams(self) if compiled_steps else None
         self.stats = Stats()
 
     def forget(self, adapter: str | None = None) -> None:
@@ -104,6 +113,8 @@ class Decoder:
             del self.prefixes[key]
         for name in [n for n in self.adapters if adapter is None or n == adapter]:
             del self.adapters[name]
+        if self.streams is not None:
+            self.streams.forget(adapter)
 
     def serves(self, adapter: str | None) -> bool:
         """Whether this decoder computes an adapter (plain LoRA); else the caller falls back to model.generate."""

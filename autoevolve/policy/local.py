@@ -37,9 +37,10 @@ class LocalPolicy:
         dtype: str = "auto",
         engine: Engine = "auto",
         compact_weights: bool = False,
+        compiled_steps: bool = False,
     ) -> None:
-        """``compact_weights``: the decoder's steps of a few rows read compact copies of fp32 weights (see
-        ``Decoder``)."""
+        """``compact_weights``: the decoder's steps of a few rows read compact copies of fp32 weights;
+        ``compiled_steps``: a lone row decodes through a compiled step once it is compiled (see ``Decoder``)."""
         self.model_name = model
         self.base, self.tokenizer = model_loader.load(model, dtype)
         self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
@@ -48,7 +49,9 @@ class LocalPolicy:
         self.share_prefix = True  # without the decoder: a batch's common prompt prefix is computed once
         self.decoder = None
         if engine == "auto" and supports(self.base):
-            self.decoder = Decoder(self.base, self._stop_ids, compact_weights=compact_weights)
+            self.decoder = Decoder(
+                self.base, self._stop_ids, compact_weights=compact_weights, compiled_steps=compiled_steps
+            )
         self._grammars: Any = None  # autoevolve.policy.grammar.Grammars, made on the first constrained request
 
     def add_adapter(self, name: str, path: str) -> None:
@@ -65,6 +68,15 @@ class LocalPolicy:
             self.decoder.forget(name)  # cached prefixes of a replaced adapter are stale
         self.lm.eval()
         self.adapters[name] = path
+        if self.decoder is not None and self.decoder.streams is not None:
+            self.decoder.streams.adopt(name)
+
+    def warm_steps(self) -> float:
+        """Compile the decoder's one-row step (``compiled_steps``) for the base and every adapter loaded; the seconds
+        it took (0 without one)."""
+        if self.decoder is None or self.decoder.streams is None:
+            return 0.0
+        return sum(self.decoder.streams.warm(a) for a in [None, *self.adapters] if self.decoder.serves(a))
 
     def remove_adapter(self, name: str) -> None:
         """Unload a named adapter and what the decoder keeps of it."""

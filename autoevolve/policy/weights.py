@@ -58,7 +58,7 @@ class Projection:
         elif self.half is not None and x.numel() == x.shape[-1]:
             y = F.linear(x.to(self.half.dtype), self.half).to(x.dtype)
             y = y if self.bias is None else y + self.bias
-        elif self.packed is not None:
+        elif self.packed is not None and not torch.compiler.is_compiling():  # inductor packs weights its own way
             y = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         else:
             y = F.linear(x, self.weight, self.bias)
