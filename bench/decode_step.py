@@ -182,10 +182,10 @@ def main() -> None:
          "tokens_equal_fp32": sum(a == b for a, b in zip(tokens[name][:STEPS], reference[:STEPS], strict=False))}
         for name in best
     ]  # fmt: skip
-    print(f"{'variant':<30} {'ms/token':>9} {'tokens/s':>9} {'tokens equal to fp32':>21}")
+    print(f"{'variant':<34} {'ms/token':>9} {'tokens/s':>9} {'tokens equal to fp32':>21}")
     for r in rows:
         equal = f"{r['tokens_equal_fp32']}/{STEPS}"
-        print(f"{r['variant']:<30} {r['ms_per_token']:>9.1f} {r['tokens_per_s']:>9.1f} {equal:>21}")
+        print(f"{r['variant']:<34} {r['ms_per_token']:>9.1f} {r['tokens_per_s']:>9.1f} {equal:>21}")
     products, four_bit = products_by_rows(model)
     head = f"{'products ms: fp32':>18} {'bf16':>6} {'int8':>6} {'int4':>6} {'bf16/fp32':>10} {'int4/bf16':>10}"
     print(f"\n{'rows':>4} {head}")

@@ -121,8 +121,8 @@ class Batch:
             self.guessing = self.sampling.guesses and not guided and not scored
             self.drafts = Guesses() if self.guessing else None
             shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
-            if self.borrowed and len(rows) == 1:
-                shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover it
+            if len(rows) == 1 and (self.borrowed or self.cache_key is not None):
+                shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover what they can
             self.prefix = d._prefix(self.kv_adapter, d._layers(self.kv_adapter), rows[0][:shared])
         elif (guided or scored) and self.guessing or scored and not self.scoring or self.borrowed:
             raise ValueError("a row joins only a batch that decodes it alike (guessing, scores, borrowed keys)")

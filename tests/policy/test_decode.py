@@ -84,6 +84,18 @@ def test_a_later_call_with_the_same_key_starts_from_the_stored_rows(pair) -> Non
     assert decoder.stats.reused_tokens - mark < len(rows[0])  # another key starts from the shared prefix only
 
 
+def test_a_lone_row_with_a_key_starts_from_the_longest_stored_prefix(pair) -> None:  # noqa: ANN001
+    fast, _ = pair
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(2, 4)]  # noqa: SLF001
+    shared = next(i for i, (a, b) in enumerate(zip(*rows, strict=False)) if a != b)
+    decoder = Decoder(fast.base, set())
+    alone = decoder.generate([rows[1]], adapter=None, max_new=8)
+    decoder.generate([rows[0]], adapter=None, max_new=8, cache_key="k")
+    before = decoder.stats.prefill_tokens
+    assert decoder.generate([rows[1]], adapter=None, max_new=8, cache_key="k") == alone
+    assert decoder.stats.prefill_tokens - before == len(rows[1]) - shared  # the tokens they share came from the store
+
+
 def test_an_adapter_computed_by_the_decoder_matches_peft(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
     from peft import LoraConfig, get_peft_model
 

@@ -24,6 +24,10 @@ from autoevolve.policy import ChatRequest, Completion
 if TYPE_CHECKING:
     from autoevolve.fleet.serving.fleet import Slot
 
+# The KV cache key of every served call that names none: a call starts from the longest prompt prefix an earlier one
+# under the same adapter computed (a system prompt, the turns before), as vLLM's automatic prefix caching does.
+PREFIXES = "served"
+
 
 @dataclass
 class Job:
@@ -176,6 +180,8 @@ def _built(job: Job, slot: Slot) -> bool:
     except Exception as exc:  # noqa: BLE001 - its caller gets the exception
         job.future.set_exception(exc)
         return False
+    if job.request.cache_key is None:
+        job.request = job.request.model_copy(update={"cache_key": PREFIXES})
     return True
 
 

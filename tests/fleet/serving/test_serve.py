@@ -90,6 +90,36 @@ def test_a_bare_model_is_served_with_no_store(peaked_dir) -> None:
     assert answer.usage.completion_tokens == 3 and answer.model == str(peaked_dir)
 
 
+def test_a_served_call_starts_from_the_prompt_prefix_an_earlier_call_computed(peaked_dir) -> None:
+    """Prefix caching: a second conversation with the same system prompt reuses the first's keys and values for the
+    tokens they share, and replies as a fresh model does."""
+    from autoevolve.policy import ChatRequest
+    from autoevolve.policy.local import LocalPolicy
+
+    policy = LocalPolicy(str(peaked_dir), dtype="float32")
+    fleet = open_fleet(None, policy, say=lambda _: None)
+    system = {"role": "system", "content": "You are the front desk of a small hotel by the sea. Answer briefly."}
+    turns = [[system, {"role": "user", "content": text}] for text in ("Book a room.", "Where is breakfast?")]
+    with running(create_app(fleet)) as url:
+        client = _client(url)
+
+        def ask(messages: list[dict]) -> str:
+            answer = client.chat.completions.create(
+                model=str(peaked_dir), messages=messages, max_tokens=6, temperature=0
+            )
+            return answer.choices[0].message.content
+
+        ask(turns[0])
+        reused = policy.decoder.stats.reused_tokens
+        second = ask(turns[1])
+    tok = policy.tokenizer
+    prompts = [tok(tok.apply_chat_template(t, add_generation_prompt=True, tokenize=False))["input_ids"] for t in turns]
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts, strict=False)) if a != b)
+    assert policy.decoder.stats.reused_tokens - reused >= shared > 20
+    fresh = LocalPolicy(str(peaked_dir), dtype="float32")
+    assert fresh.generate([ChatRequest(messages=turns[1], max_new_tokens=6, temperature=0)])[0].text == second
+
+
 def test_the_openai_client_gets_text_tool_calls_and_errors(server) -> None:
     import openai
 
