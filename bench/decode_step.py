@@ -14,7 +14,7 @@ and how many of the 48 greedy tokens equal the fp32 forward's. Then every linear
 fused groups and the head, as in ``autoevolve.policy.weights``) over 1, 2, 4 and 16 rows, median of 5 passes over
 all layers: oneDNN-packed fp32, bf16, int8 per row (weight-only, measured, not served: it would round the 4-bit
 weights) and 4-bit; the served step's share spent in its products; and the tokens/s the fastest products alone
-would allow.
+would allow. Last, time to the first token as served (``first_token``): prefix caching beside none.
 
 Goal (the serving single-stream goal): the decoder as served reaches >= 0.5x llama.cpp's single-stream tokens/s as
 recorded in bench/results/serve_load.json.
@@ -89,6 +89,29 @@ def served(policy: Any, messages: list[dict[str, str]]) -> tuple[float, list[int
         [ChatRequest(messages=messages, max_new_tokens=STEPS)], listeners=[lambda new: tokens.extend(new) or True]
     )
     return policy.decoder.stats.decode_s / policy.decoder.stats.decode_tokens, tokens
+
+
+def first_token(policy: Any) -> dict[str, float]:
+    """Median milliseconds to the first token over the serving bench's eight chat prompts, one at a time, as served
+    (a key on every call, so a call starts from the longest prefix an earlier one computed) beside no key (each
+    prompt computed whole): a first pass (the default system prompt and the template reused from the prompt
+    before) and a second (each prompt seen before)."""
+    from serve_load import PROMPTS
+
+    from autoevolve.fleet.serving.worker import PREFIXES
+    from autoevolve.policy import ChatRequest
+
+    def ms(prompt: str, key: str | None) -> float:
+        started, first = time.perf_counter(), []
+        request = ChatRequest(messages=[{"role": "user", "content": prompt}], max_new_tokens=2, cache_key=key)
+        policy.generate([request], listeners=[lambda _: first.append(time.perf_counter()) or True])
+        return (first[0] - started) * 1e3
+
+    policy.decoder.store.forget()
+    out = {"no_key_ms": statistics.median(ms(p, None) for p in PROMPTS)}
+    out["prefix_reused_ms"] = statistics.median(ms(p, PREFIXES) for p in PROMPTS)
+    out["prompt_seen_ms"] = statistics.median(ms(p, PREFIXES) for p in PROMPTS)
+    return {k: round(v, 1) for k, v in out.items()}
 
 
 def bf16_product(w: torch.Tensor) -> Any:
@@ -200,6 +223,12 @@ def main() -> None:
         f" {ceiling:.0f} tokens/s"
     )
     print(f"the lone row's step compiled in {compile_s:.0f} s (inductor's cache on this machine may hold it)")
+    first = first_token(decoders["decoder, 4-bit, compiled lone row"])
+    print(
+        f"first token, median over 8 chat prompts: {first['no_key_ms']:.0f} ms computed whole, "
+        f"{first['prefix_reused_ms']:.0f} ms with the system prompt reused, "
+        f"{first['prompt_seen_ms']:.0f} ms seen before"
+    )
     llama = llama_cpp_single_stream()
     server = rows[-1]
     if llama is None:
@@ -221,6 +250,7 @@ def main() -> None:
             "products_share": round(share, 2),
             "products_ceiling_tokens_per_s": round(ceiling, 1),
             "compile_s": round(compile_s, 1),
+            "first_token": first,
             "llama_cpp": llama,
             "check": check,
         },
