@@ -2,18 +2,21 @@
 
 A step of one row and one token is bound by dispatching operations as much as by reading the weights: eager, each
 of the decoder's few dozen operations per layer leaves Python on its own, and the products are about half of the step
-(``bench/decode_step.py``). ``torch.compile`` (inductor) fuses the rest, but wants every shape fixed, while the
+(``bench/decode_step.py``). ``torch.compile`` (inductor) fuses the rest, but wants shapes it can name, while the
 decoder's keys and values grow every step in three segments (prefix, own prompt, generated tokens). So a lone row's
-keys and values are mirrored into one static buffer per layer, [kv_heads, columns, head_dim], with ``columns`` from
-``COLUMNS`` large enough for its whole reply; columns not written yet are masked. The compiled step writes the new
-token's keys and values into the buffer, attends over every column and returns the logits with those keys and
-values, which the batch writes into its own rows too: the rows stay what counts, so a row that joins, or a step that
-checks guesses, drops the mirror and loses nothing.
+keys and values are mirrored into one buffer per layer, [kv_heads, columns, head_dim], ``columns`` its context and
+whole reply rounded up to ``COLUMNS`` and marked dynamic (one compile serves every length); columns not written yet
+are masked. The compiled step writes the new token's keys and values into the buffer, attends over every column and
+returns the logits with those keys and values, which the batch writes into its own rows too: the rows stay what
+counts, so a row that joins drops the mirror and loses nothing, and a step that checks guesses eagerly hands the
+mirror the tokens it kept (``Stream.follow``). The weights are inputs of the compiled step, not constants: adapters
+whose LoRA factors have the same shapes share one compile.
 
-Compiling takes seconds to minutes (SmolLM2-135M on 2 cores: about 80 s the first time on a machine, about 10 s
-once inductor's cache holds it), and while it runs nothing else decodes at speed: Python's lock is held by the
-compiler most of the time. So it runs when asked (``Streams.warm``: a server warms the base model before it
-listens), per adapter; a row under an adapter not warmed decodes eagerly.
+Compiling takes seconds to minutes (SmolLM2-135M on 2 cores: about 80 s the first time on a machine, 10-14 s once
+inductor's cache holds it), and while it runs every other decode slows by an order of magnitude: the compiler holds
+Python's lock most of the time. So it runs only when asked (``Streams.warm``: a server warms the base and the
+adapters it starts with before it listens); an adapter loaded later is adopted where its shapes were compiled
+(``Streams.adopt``), and a row under an adapter neither warmed nor adopted decodes eagerly.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ Buffers = tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]  # keys an
 
 
 class Stream:
-    """A lone row's keys and values in static buffers (see the module docstring): the next column to write, and the
-    compiled step."""
+    """A lone row's keys and values in buffers of their own (see the module docstring): the next column to write, and
+    the compiled step."""
 
     def __init__(self, step: Callable, weights: Layers, buffers: Buffers, written: int) -> None:
         self.step, self.weights, self.written = step, weights, written
@@ -68,7 +71,7 @@ class Stream:
 
 class Streams:
     """A decoder's compiled one-row step: compiled once per adapter by ``warm`` (the buffers' length is a dynamic
-    dimension, so one compile serves every length), used for the adapters warmed."""
+    dimension, so one compile serves every length), used for the adapters warmed or adopted."""
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
@@ -143,7 +146,7 @@ def _shapes(weights: Layers) -> tuple:
 def _step(
     d: Decoder, weights: Layers, ids: torch.Tensor, at: torch.Tensor, keys: list, values: list, bias: torch.Tensor
 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """One token through every layer over static buffers: its logits, and its keys and values per layer."""
+    """One token through every layer, attending over the buffers: its logits, and its keys and values per layer."""
     x = d.embed(ids)
     cos, sin = d.rotary(x, at.unsqueeze(0))
     new = []
