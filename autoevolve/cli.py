@@ -21,40 +21,17 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from autoevolve import cli_serve
+from autoevolve.cli_common import DEFAULT_STORE, CommandError, positive, refusing, store_file, tier
 from autoevolve.config import ConfigError, RunConfig, load_config
 from autoevolve.envs import guard
 from autoevolve.envs.guard import EnvironmentFault
 from autoevolve.fleet.fleetfile import is_fleet_file, load_fleet
 from autoevolve.store.postgres import is_url
-
-if TYPE_CHECKING:
-    from autoevolve.policy.local import LocalPolicy
-
-DEFAULT_STORE = "trajectories/autoevolve.duckdb"
-
-
-class CommandError(Exception):
-    """What a command refuses (exit 2: the input is wrong) or fails on (exit 1): one line on stderr."""
-
-    def __init__(self, message: str, code: int = 2) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@contextmanager
-def refusing(*kinds: type[BaseException], code: int = 2, prefix: str = "") -> Iterator[None]:
-    """Turn these exceptions into a CommandError with their message (a KeyError's without its quotes)."""
-    try:
-        yield
-    except kinds as exc:
-        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        raise CommandError(f"{prefix}{text}", code) from None
-
 
 LIBRARY_LOGGERS = ("py.warnings", "autoevolve", "transformers", "trl", "peft", "datasets", "accelerate", "httpx")
 
@@ -94,25 +71,6 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _whole(least: int, below: str) -> Callable[[str], int]:
-    """An argument's parser: a whole number of at least ``least`` (``below`` says why a smaller one is refused)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"{value} {below}")
-        return value
-
-    return parse
-
-
-_positive = _whole(1, "is too few: give 1 or more")
-_tier = _whole(0, "is below 0: 0 is the entry expert, 1+ the experts it routes to")  # an expert's tier
-
-
 @contextmanager
 def _kept_only_if_done(path: str | Path) -> Iterator[None]:
     """A store this command creates is removed again if the command is refused (its input was wrong, exit 2):
@@ -125,14 +83,6 @@ def _kept_only_if_done(path: str | Path) -> Iterator[None]:
             for leftover in (Path(path), Path(f"{path}.wal")):
                 leftover.unlink(missing_ok=True)
         raise
-
-
-def _store_file(path: str, otherwise: str = "") -> None:
-    """A read command's store must exist (it is never created by reading)."""
-    if not is_url(path) and not Path(path).is_file():
-        raise CommandError(
-            f"no store at {path} (pass --store with an existing store's path; a run creates one{otherwise})"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--adapter", help="NAME@V, an adapter folder, or 'base' (default: the expert's live version)")
     ev.add_argument("--hcp", default="seed", help="'seed' (default), 'best', a stored HCP id (prefix) or a YAML file")
     ev.add_argument("--split", default="test", choices=["train", "dev", "test"], help="task split (default test)")
-    ev.add_argument("--tasks", type=_positive, help="the split's first N tasks (default: gate.test_tasks)")
+    ev.add_argument("--tasks", type=positive, help="the split's first N tasks (default: gate.test_tasks)")
     ev.add_argument("--env", help="another environment: a name, 'module:factory', or '{name: life, tiers: [2]}'")
     ev.add_argument("--run-id", help="run id the rollouts are stored under (default: RUN-eval)")
     ev.add_argument("--out", help="where eval.json goes (default: RUN_DIR/RUN/eval.json)")
-    ev.add_argument("--show", type=_positive, metavar="K", help="print K failed tasks: feedback and last messages")
+    ev.add_argument("--show", type=positive, metavar="K", help="print K failed tasks: feedback and last messages")
     cands = sub.add_parser("candidates", help="list a run's stage-1 candidates with lineage and scores")
     cands.add_argument("run", help="run id (a run config's run_id, or its file stem)")
     cands.add_argument("--round", type=int, default=None, help="only this round")
@@ -185,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     ins = sub.add_parser("inspect", help="a run at a glance: counts, rounds, the last round's test 2x2")
     ins.add_argument("run", help="run id")
     ins.add_argument(
-        "--failures", type=_positive, metavar="K", help="print K failed test tasks of the last round's served expert"
+        "--failures", type=positive, metavar="K", help="print K failed test tasks of the last round's served expert"
     )
     ins.add_argument("--store", default=DEFAULT_STORE, help=f"DuckDB store (default {DEFAULT_STORE})")
     exp = sub.add_parser("export", help="write a run's tables as Parquet, one folder per table, partitioned by round")
@@ -200,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "(experts: a list of run configs and schedules, training_limit: distillations at once)",
     )
     dep.add_argument("--dry-run", action="store_true", help="print the deployments; contact no Prefect server")
-    _serve_parser(sub)
+    cli_serve.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return _command(args)
@@ -217,7 +167,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "registry":
         return _registry(args)
     if args.command == "serve":
-        return _serve(args)
+        return cli_serve.serve(args)
     if args.command in ("candidates", "diff", "selections", "inspect", "export"):
         return _read(args)
     if args.command == "deploy" and is_fleet_file(args.config):
@@ -292,7 +242,7 @@ def _read(args: argparse.Namespace) -> int:
     )
     from autoevolve.views.scorecard import format_failures
 
-    _store_file(args.store)
+    store_file(args.store)
     with refusing(KeyError, LineageError, StoreError), Store.snapshot(args.store) as store:
         if args.command == "candidates":
             print(format_candidates(run_candidates(store, args.run, args.round)))
@@ -330,7 +280,7 @@ def _registry_parser(sub: argparse._SubParsersAction) -> None:
     add = act.add_parser("add-expert", help="register an expert (metadata only) or update its tier and rule")
     add.add_argument("name", help="e.g. L2-code (letters, digits, '.', '_', '-')")
     add.add_argument("--base-model", required=True, help="base model id every version must be trained on")
-    add.add_argument("--tier", type=_tier, default=1, help="0: the entry expert; 1+: experts it routes to")
+    add.add_argument("--tier", type=tier, default=1, help="0: the entry expert; 1+: experts it routes to")
     add.add_argument("--rule", default="", help="routing rule: one sentence saying when to hand a turn here")
     for p in (lst, show, pro, back, add):  # --store before or after the action: both read the same
         p.add_argument("--store", default=argparse.SUPPRESS, help=f"DuckDB store (default {DEFAULT_STORE})")
@@ -342,7 +292,7 @@ def _registry(args: argparse.Namespace) -> int:
     from autoevolve.store import StoreError
 
     if args.action != "add-expert":  # only registering an expert may create a store
-        _store_file(args.store)
+        store_file(args.store)
     with _kept_only_if_done(args.store), refusing(registry.PromotionRolledBack, code=1):
         with refusing(KeyError, ValueError, StoreError), _open_for(args.action, args.store) as store:
             if args.action == "list":
@@ -366,162 +316,6 @@ def _open_for(action: str, path: str):  # noqa: ANN202 - the store module is imp
     from autoevolve.store import Store
 
     return Store.snapshot(path) if action in ("list", "show") else Store(path)
-
-
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    """The ``serve`` command."""
-    srv = sub.add_parser(
-        "serve", help="serve the registry's experts over an OpenAI-compatible API", description=_SERVE_HELP
-    )
-    srv.add_argument(
-        "--store",
-        help=f"the store with the registry: a DuckDB file or postgresql://... (default {DEFAULT_STORE}; with "
-        "--model and no --store: that model alone)",
-    )
-    srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
-    srv.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    srv.add_argument("--model", help="base model (default: the experts' base model; without --store, served alone)")
-    srv.add_argument("--entry", help="the router's entry expert (default: the registry's tier-0 expert)")
-    srv.add_argument(
-        "--hcp",
-        action="append",
-        default=[],
-        metavar="EXPERT=FILE",
-        help="an expert's harness where its versions carry none, or for an expert with no live version",
-    )
-    srv.add_argument("--record", help="DuckDB file to store each served conversation in (run 'serve')")
-    srv.add_argument("--api-key-env", help="environment variable holding the key clients must send as a bearer token")
-    srv.add_argument(
-        "--enable-runtime-lora",
-        action="store_true",
-        help="offer vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter (also: "
-        "AUTOEVOLVE_ALLOW_RUNTIME_LORA_UPDATING=true); they load "
-        "only folders the registry recorded, or under --allow-adapter-root",
-    )
-    srv.add_argument(
-        "--allow-adapter-root",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="with runtime loading: adapter folders under DIR may be loaded too, under the name asked for",
-    )
-    srv.add_argument("--max-loras", type=_positive, default=16, help="most adapters loaded at runtime (default 16)")
-    srv.add_argument(
-        "--insecure", action="store_true", help="listen on a non-loopback --host without --api-key-env (refused else)"
-    )
-    srv.add_argument(
-        "--batch-size", type=int, default=16, help="most requests decoding in one batch, any adapters (default 16)"
-    )
-    srv.add_argument(
-        "--fp32-weights",
-        action="store_true",
-        help="decode steps of a few rows read the fp32 weights; by default, on a CPU, they read compact copies: the "
-        "4-bit codes of weights that are 4-bit (a Q4 GGUF's layers), else bf16 for one row (bench/decode_step.py)",
-    )
-    srv.add_argument(
-        "--eager",
-        action="store_true",
-        help="compile nothing: by default the decode step of a lone request is compiled before the server listens "
-        "(torch.compile; SmolLM2-135M on 2 cores: about 80 s the first time on a machine, seconds after), for the "
-        "base and each adapter shape loaded at start; adapters loaded later of a shape compiled use it too",
-    )
-    srv.add_argument(
-        "--switch",
-        choices=["own", "shared", "shared_kv"],
-        default="own",
-        help="how the expert the router chose takes the turn over: its own harness (default), the entry's context, "
-        "or the entry's context from the entry's keys and values (bench/router_kv.py)",
-    )
-
-
-_SERVE_HELP = (
-    "Serve the base model and every registered LoRA version on one copy of the weights, each under the HCP config "
-    "it was trained under: /v1/chat/completions (streaming, tools, tool_choice), /v1/models (each expert, each "
-    "version as NAME@vN, the base, the router), and vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, so a "
-    "registry hook of kind vllm pointed here swaps versions without a restart. Model 'router' (or the entry "
-    "expert's name) serves the Mixture of LoRA. A request that opens with a system message is served as sent."
-)
-
-
-def _serve(args: argparse.Namespace) -> int:
-    """Load the registry's adapters and serve them until interrupted (imported here: only this command needs them)."""
-    from autoevolve.fleet.serving.app import run_server
-    from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA, enabled_by_env
-    from autoevolve.fleet.serving.startup import open_fleet, recorded_folders, recorder
-    from autoevolve.harness.hcp import HCPConfig
-    from autoevolve.model import EMBEDDED, base_model_id
-    from autoevolve.policy.local import LocalPolicy
-    from autoevolve.store import Store, StoreError
-
-    store = args.store or (None if args.model else DEFAULT_STORE)  # --model alone: that model, no registry
-    if store is not None:
-        _store_file(store, "; or --model NAME without --store to serve a model alone")
-    harnesses = {}
-    for item in args.hcp:
-        name, _, file = item.partition("=")
-        try:
-            harnesses[name] = HCPConfig.from_yaml(file)
-        except (OSError, ValueError) as exc:
-            raise CommandError(f"--hcp {item}: {exc} (write EXPERT=FILE, e.g. L1-life=prompts/life.yaml)") from None
-    key = os.environ.get(args.api_key_env) if args.api_key_env else None
-    if args.api_key_env and not key:
-        raise CommandError(f"--api-key-env {args.api_key_env}: that variable is not set")
-    if not key and not args.insecure and not _loopback(args.host):
-        raise CommandError(
-            f"--host {args.host}: anyone who reaches it could use every expert; set --api-key-env, or pass --insecure"
-        )
-    runtime = None
-    if args.enable_runtime_lora or enabled_by_env():
-        runtime = RuntimeLoRA(recorded_folders(store), tuple(map(Path, args.allow_adapter_root)), args.max_loras)
-    elif args.allow_adapter_root:
-        raise CommandError("--allow-adapter-root: runtime loading is off; add --enable-runtime-lora")
-    bases = set()
-    if store is not None:
-        with refusing(StoreError), Store.snapshot(store) as registry:
-            bases = {e.base_model for e in registry.experts()}
-    model = args.model or (bases.pop() if len(bases) == 1 else EMBEDDED)
-    if model == base_model_id(EMBEDDED):
-        model = EMBEDDED  # the embedded copy of that model: no hub needed
-    print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
-    policy = LocalPolicy(
-        model, batch_size=args.batch_size, compact_weights=not args.fp32_weights, compiled_steps=not args.eager
-    )
-    fleet = open_fleet(
-        store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
-    )
-    _warm(policy)
-    fleet.switch = args.switch
-    print(f"serving {', '.join(c['id'] for c in fleet.cards())} on http://{args.host}:{args.port}/v1")
-    if runtime is not None:
-        print(f"runtime LoRA loading on: registered folders{', and under ' if runtime.roots else ''}"
-              f"{', '.join(map(str, runtime.roots))} (at most {runtime.max_loras} adapters)")  # fmt: skip
-    run_server(fleet, args.host, args.port, key, runtime)
-    return 0
-
-
-def _warm(policy: LocalPolicy) -> None:
-    """Compile the one-row decode step before the server listens; where that fails, say why and decode eagerly."""
-    if policy.decoder is None or policy.decoder.streams is None:
-        return
-    print("compiling the one-row decode step for the base and each adapter shape (a minute or more the first time "
-          "on a machine; --eager skips it)", flush=True)  # fmt: skip
-    try:
-        print(f"  compiled in {policy.warm_steps():.0f} s", flush=True)
-    except Exception as exc:  # noqa: BLE001 - no C++ compiler, an operation inductor lacks: serve eagerly
-        policy.decoder.streams = None
-        print(f"  not compiled ({type(exc).__name__}: {str(exc)[:200]}); lone requests decode eagerly", flush=True)
-
-
-def _loopback(host: str) -> bool:
-    """Whether a listening address is only reachable from this machine."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything
-        return False
 
 
 def _load_tasks(config: RunConfig) -> tuple[str, list[str]]:
