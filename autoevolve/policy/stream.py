@@ -12,7 +12,7 @@ counts, so a row that joins drops the mirror and loses nothing, and a step that 
 mirror the tokens it kept (``Stream.follow``). The weights are inputs of the compiled step, not constants: adapters
 whose LoRA factors have the same shapes share one compile.
 
-Compiling takes seconds to minutes (SmolLM2-135M on 2 cores: about 80 s the first time on a machine, 10-14 s once
+Compiling takes seconds to minutes (SmolLM2-135M on 2 cores: about 80 s the first time on a machine, 10-15 s once
 inductor's cache holds it), and while it runs every other decode slows by an order of magnitude: the compiler holds
 Python's lock most of the time. So it runs only when asked (``Streams.warm``: a server warms the base and the
 adapters it starts with before it listens); an adapter loaded later is adopted where its shapes were compiled
