@@ -28,7 +28,14 @@ import torch.nn.functional as F
 from autoevolve.policy.batch import Batch, Joiner, Listener, Sampling, Scored
 from autoevolve.policy.kvstore import KV, KVStore, Sequence
 from autoevolve.policy.stream import Streams
-from autoevolve.policy.weights import Projection, Unsupported, adapter_projections, base_projections, pack
+from autoevolve.policy.weights import (
+    Projection,
+    Unsupported,
+    adapter_projections,
+    base_projections,
+    beyond_projections,
+    pack,
+)
 
 if TYPE_CHECKING:
     from autoevolve.policy.batch import Rows
@@ -87,6 +94,7 @@ class Decoder:
         weight that is 4-bit, else a bf16 copy for one token (see ``autoevolve.policy.weights``): a few streams
         decode faster on a CPU, for 1.25x (4-bit) to 1.5x (bf16) the weights' memory. ``compiled_steps``: a lone
         row decodes through a compiled step once it is compiled (``autoevolve.policy.stream``)."""
+        self.model = model  # PEFT wraps its modules in place: what an adapter changes is found here
         inner = model.model  # PEFT wraps the linear layers in place, so every call sees the active adapter
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         self.head = model.lm_head
@@ -129,6 +137,8 @@ class Decoder:
         if adapter is None:
             return self.base
         if adapter not in self.adapters:
+            if beyond := beyond_projections(self.model, self.layers, adapter):
+                raise Unsupported(f"adapter {adapter!r} changes {beyond[0]}, which the decoder does not compute")
             self.adapters[adapter] = [
                 adapter_projections(layer, base, adapter) for layer, base in zip(self.layers, self.base, strict=True)
             ]

@@ -194,23 +194,23 @@ class LocalPolicy:
                 kwargs.update(top_k=sampling.top_k or None, min_p=sampling.min_p or None)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            with self._adapter(adapter):
-                if self.decoder is not None and self.decoder.serves(adapter):
-                    new = self.decoder.generate(
-                        ids,
-                        adapter=adapter,
-                        max_new=max_new,
-                        sampling=sampling,
-                        seed=seed,
-                        cache_key=cache_key,
-                        guides=guides,
-                        kv_adapter=OWN if reuse_kv_of is None else (reuse_kv_of or None),
-                        listeners=listeners,
-                        scores=scores,
-                        top=logprobs or 0,
-                        arrivals=joining,
-                    )
-                else:
+            if self.decoder is not None and self.decoder.serves(adapter):  # its own weights: no PEFT switch
+                new = self.decoder.generate(
+                    ids,
+                    adapter=adapter,
+                    max_new=max_new,
+                    sampling=sampling,
+                    seed=seed,
+                    cache_key=cache_key,
+                    guides=guides,
+                    kv_adapter=OWN if reuse_kv_of is None else (reuse_kv_of or None),
+                    listeners=listeners,
+                    scores=scores,
+                    top=logprobs or 0,
+                    arrivals=joining,
+                )
+            else:
+                with self._adapter(adapter):
                     if scores is not None:
                         raise ValueError("log-probabilities are computed by the decoder only (Llama-shaped models)")
                     if guides:

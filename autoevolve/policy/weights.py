@@ -207,6 +207,25 @@ def adapter_projections(layer: Any, base: dict[str, Projection], adapter: str) -
     return out
 
 
+def beyond_projections(model: Any, layers: Any, adapter: str) -> list[str]:
+    """The modules an adapter changes other than the decoder layers' projections (an embedding's LoRA, a trained
+    copy of the head, trainable tokens): the decoder computes only the projections' LoRA, so it cannot serve such an
+    adapter alone."""
+    mine = {id(_module(layer, name)) for layer in layers for names in GROUPS.values() for name in names}
+    found = []
+    for name, module in model.named_modules():
+        if id(module) in mine:
+            continue
+        for attr in getattr(module, "adapter_layer_names", ()):  # PEFT's per-adapter weights of a wrapped module
+            held = module
+            for part in attr.split("."):
+                held = getattr(held, part, None)
+            if hasattr(held, "keys") and adapter in held.keys():
+                found.append(name)
+                break
+    return found
+
+
 def _module(layer: Any, name: str) -> Any:
     """A projection module of a decoder layer by name."""
     return getattr(layer.self_attn if name in GROUPS["qkv"] + GROUPS["o"] else layer.mlp, name)

@@ -113,6 +113,48 @@ def test_an_adapter_computed_by_the_decoder_matches_peft(tiny_model_dir, tmp_pat
     assert [c.text for c in mine] != [c.text for c in fast.generate(requests)]  # the adapter changes the output
 
 
+def test_an_adapter_that_changes_the_head_is_served_by_generate(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import load
+
+    lm, _ = load(str(tiny_model_dir), "float32")
+    config = LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"], init_lora_weights=False)
+    peft = get_peft_model(lm, config)
+    with torch.no_grad():
+        peft.base_model.model.lm_head.modules_to_save["default"].weight.mul_(-1)  # a head trained apart
+    peft.save_pretrained(tmp_path)
+    fast, reference = pair
+    for policy in pair:
+        policy.add_adapter("head", str(tmp_path))
+    assert not fast.decoder.serves("head")  # the decoder computes the projections' LoRA only
+    with pytest.raises(ValueError, match="lm_head"):
+        fast.decoder.generate([[1, 2, 3]], adapter="head", max_new=2)
+    requests = _requests(2, 8)
+    assert [c.text for c in fast.generate(requests, "head")] == [c.text for c in reference.generate(requests, "head")]
+
+
+def test_the_decoder_serves_the_base_beside_adapters_without_switching_peft(tiny_model_dir, tmp_path) -> None:  # noqa: ANN001
+    from peft import LoraConfig, get_peft_model
+
+    from autoevolve.model import load
+
+    lm, _ = load(str(tiny_model_dir), "float32")
+    get_peft_model(lm, LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)).save_pretrained(tmp_path)
+    policy = LocalPolicy(str(tiny_model_dir), 8, "float32")
+    requests = _requests(2, 8)
+    alone = [c.text for c in policy.generate(requests)]
+    policy.add_adapter("a", str(tmp_path))
+
+    def switched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - PEFT walks every module to switch (~70 ms)
+        raise AssertionError("the decoder computes each adapter from its own weights")
+
+    policy.lm.disable_adapter = policy.lm.set_adapter = switched
+    assert [c.text for c in policy.generate(requests)] == alone
+    adapted = policy.generate(requests, "a")
+    assert not any(c.error for c in adapted) and [c.text for c in adapted] != alone
+
+
 def test_sampling_is_seeded_and_kept_to_top_p_top_k_and_min_p() -> None:
     from autoevolve.policy.batch import Sampling, _pick
 
