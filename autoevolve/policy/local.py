@@ -43,6 +43,9 @@ class LocalPolicy:
         ``compiled_steps``: a lone row decodes through a compiled step once it is compiled (see ``Decoder``)."""
         self.model_name = model
         self.base, self.tokenizer = model_loader.load(model, dtype)
+        # Served, never trained (training loads a fresh copy). Frozen now, as PEFT freezes it on the first adapter:
+        # the compiled step's guards check the parameters, so a runtime load must not change them (a recompile).
+        self.base.requires_grad_(False)
         self.lm: Any = self.base  # becomes a PeftModel once an adapter is added
         self.batch_size = batch_size
         self.adapters: dict[str, str] = {}

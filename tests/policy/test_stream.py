@@ -124,3 +124,17 @@ def test_adapters_loaded_later_use_the_compiled_step_only_where_their_shapes_wer
             [row], adapter=adapter, max_new=12
         )
         assert (decoder.stats.compiled_steps > before) == (adapter == "same")
+
+
+def test_the_first_adapter_loaded_at_runtime_does_not_recompile_the_base_step(tiny_model_dir, policy) -> None:  # noqa: ANN001
+    import torch
+
+    served = LocalPolicy(str(tiny_model_dir), 8, "float32", compiled_steps=True)
+    assert served.warm_steps() > 0 and served.decoder.streams.ready == {None}
+    served.add_adapter("mix", policy.adapters["mix"])  # the base becomes a PEFT model's, its weights frozen by PEFT
+    [row] = _rows(served, 1)
+    decoder, eager = served.decoder, Decoder(served.base, set())
+    decoder.stop_ids = set()
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile would stall a server for seconds
+        assert decoder.generate([row], adapter=None, max_new=12) == eager.generate([row], adapter=None, max_new=12)
+    assert decoder.stats.compiled_steps == 11
