@@ -94,8 +94,8 @@ class Decoder:
         weight that is 4-bit, else a bf16 copy for one token (see ``autoevolve.policy.weights``): a few streams
         decode faster on a CPU, for 1.25x (4-bit) to 1.5x (bf16) the weights' memory. ``compiled_steps``: a lone
         row decodes through a compiled step once it is compiled (``autoevolve.policy.stream``)."""
-        self.model = model  # PEFT wraps its modules in place: what an adapter changes is found here
-        inner = model.model  # PEFT wraps the linear layers in place, so every call sees the active adapter
+        self.model = model  # PEFT wraps its modules in place: each adapter's factors are read from them by name
+        inner = model.model
         self.embed, self.layers, self.norm, self.rotary = inner.embed_tokens, inner.layers, inner.norm, inner.rotary_emb
         self.head = model.lm_head
         head_bias = None if self.head.bias is None else self.head.bias.detach()

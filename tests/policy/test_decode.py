@@ -146,7 +146,7 @@ def test_the_decoder_serves_the_base_beside_adapters_without_switching_peft(tiny
     alone = [c.text for c in policy.generate(requests)]
     policy.add_adapter("a", str(tmp_path))
 
-    def switched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - PEFT walks every module to switch (~70 ms)
+    def switched(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - PEFT walks every module to switch (55-80 ms)
         raise AssertionError("the decoder computes each adapter from its own weights")
 
     policy.lm.disable_adapter = policy.lm.set_adapter = switched
