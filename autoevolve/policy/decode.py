@@ -111,6 +111,7 @@ class Decoder:
         self.prefixes: OrderedDict[tuple, Sequence] = OrderedDict()  # computed from scratch: the same in any process
         self.base: Layers = [base_projections(layer, compact_weights) for layer in self.layers]
         self.adapters: OrderedDict[str, Layers] = OrderedDict()
+        self.refused: dict[str, str] = {}  # adapters it cannot compute, and why: judged once, until forgotten
         self.streams = Streams(self) if compiled_steps else None
         self.stats = Stats()
 
@@ -121,6 +122,8 @@ class Decoder:
             del self.prefixes[key]
         for name in [n for n in self.adapters if adapter is None or n == adapter]:
             del self.adapters[name]
+        for name in [n for n in self.refused if adapter is None or n == adapter]:
+            del self.refused[name]
         if self.streams is not None:
             self.streams.forget(adapter)
 
@@ -136,12 +139,19 @@ class Decoder:
         """Every layer's projections with an adapter's LoRA factors (the base's for None), built once and kept."""
         if adapter is None:
             return self.base
+        if adapter in self.refused:  # judging again walks the model (~10 ms): a held request asks every step
+            raise Unsupported(self.refused[adapter])
         if adapter not in self.adapters:
-            if beyond := beyond_projections(self.model, self.layers, adapter):
-                raise Unsupported(f"adapter {adapter!r} changes {beyond[0]}, which the decoder does not compute")
-            self.adapters[adapter] = [
-                adapter_projections(layer, base, adapter) for layer, base in zip(self.layers, self.base, strict=True)
-            ]
+            try:
+                if beyond := beyond_projections(self.model, self.layers, adapter):
+                    raise Unsupported(f"adapter {adapter!r} changes {beyond[0]}, which the decoder does not compute")
+                self.adapters[adapter] = [
+                    adapter_projections(layer, base, adapter)
+                    for layer, base in zip(self.layers, self.base, strict=True)
+                ]
+            except Unsupported as exc:
+                self.refused[adapter] = str(exc)
+                raise
             while len(self.adapters) > ADAPTERS_KEPT:
                 self.adapters.popitem(last=False)
         self.adapters.move_to_end(adapter)

@@ -113,9 +113,10 @@ def test_an_adapter_computed_by_the_decoder_matches_peft(tiny_model_dir, tmp_pat
     assert [c.text for c in mine] != [c.text for c in fast.generate(requests)]  # the adapter changes the output
 
 
-def test_an_adapter_that_changes_the_head_is_served_by_generate(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
+def test_an_adapter_that_changes_the_head_is_served_by_generate(tiny_model_dir, tmp_path, pair, monkeypatch) -> None:  # noqa: ANN001
     from peft import LoraConfig, get_peft_model
 
+    import autoevolve.policy.decode as decode
     from autoevolve.model import load
 
     lm, _ = load(str(tiny_model_dir), "float32")
@@ -130,6 +131,8 @@ def test_an_adapter_that_changes_the_head_is_served_by_generate(tiny_model_dir, 
     assert not fast.decoder.serves("head")  # the decoder computes the projections' LoRA only
     with pytest.raises(ValueError, match="lm_head"):
         fast.decoder.generate([[1, 2, 3]], adapter="head", max_new=2)
+    monkeypatch.setattr(decode, "beyond_projections", lambda *_: pytest.fail("judged again"))
+    assert not fast.decoder.serves("head")  # the verdict is kept until the adapter is loaded anew
     requests = _requests(2, 8)
     assert [c.text for c in fast.generate(requests, "head")] == [c.text for c in reference.generate(requests, "head")]
 
