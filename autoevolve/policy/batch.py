@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from autoevolve.policy.kvstore import KV, Sequence
 from autoevolve.policy.stream import Stream
-from autoevolve.policy.weights import mixed
+from autoevolve.policy.weights import mixed, stack
 
 if TYPE_CHECKING:
     from autoevolve.policy.decode import Decoder
@@ -89,6 +89,7 @@ class Batch:
         self.sampling = sampling
         self.adapters: list[str | None] = []  # per row: the adapter it decodes under
         self.mix: tuple[tuple, list] | None = None  # the live rows' adapters and the layers made for them
+        self.stack: tuple[list, list] | None = None  # the adapters among them, and their factors side by side
         self.seen: torch.Tensor | None = None  # [live slots, vocabulary]: tokens in each row (repetition penalty)
         self.generator = torch.Generator().manual_seed(seed)
         self.joiners: list[Joiner] = []  # per row, in the order rows came
@@ -108,11 +109,8 @@ class Batch:
     def add(self, joiners: list[Joiner]) -> None:
         """Prefill rows and make them live: their first tokens are appended by the next step."""
         adapters = [self.adapter if j.adapter is BATCH else j.adapter for j in joiners]
-        if len(set(adapters)) > 1:  # each adapter's rows are prefilled under its weights
-            for adapter in dict.fromkeys(adapters):
-                self.add([j for j, a in zip(joiners, adapters, strict=True) if a == adapter])
-            return
-        d, started, adapter = self.decoder, time.perf_counter(), adapters[0]
+        foreign = any(a != self.adapter for a in adapters)  # rows that cannot read the prefix: its keys differ
+        d, started = self.decoder, time.perf_counter()
         self.stream = None
         rows = [j.tokens for j in joiners]
         guided, scored = any(j.guide is not None for j in joiners), any(j.scores is not None for j in joiners)
@@ -121,27 +119,30 @@ class Batch:
             self.guessing = self.sampling.guesses and not guided and not scored
             self.drafts = Guesses() if self.guessing else None
             shared = min(common_prefix(rows), min(len(r) for r in rows) - 1)  # every row keeps a token to feed
-            if len(rows) == 1 and (self.borrowed or self.cache_key is not None):
+            if foreign or len(rows) == 1 and (self.borrowed or self.cache_key is not None):
                 shared = 0  # a lone row is not a prefix to compute anew: the stored keys and values cover what they can
             self.prefix = d._prefix(self.kv_adapter, d._layers(self.kv_adapter), rows[0][:shared])
         elif (guided or scored) and self.guessing or scored and not self.scoring or self.borrowed:
             raise ValueError("a row joins only a batch that decodes it alike (guessing, scores, borrowed keys)")
         else:
-            known = self.prefix.tokens.tolist() if adapter == self.kv_adapter else []  # another's keys differ
+            known = [] if foreign else self.prefix.tokens.tolist()
             self._shorten(min(common_prefix([known, *rows]), min(len(r) for r in rows) - 1))
         shared = self.prefix.shared
         if self.cache is None:
             d.stats.calls += 1
         d.stats.rows += len(rows)
-        kv = self.kv_adapter if adapter == self.adapter else adapter
-        starts = [d._stored(kv, self.cache_key, r, shared) for r in rows]
+        kv = [self.kv_adapter if a == self.adapter else a for a in adapters]
+        starts = [d._stored(k, self.cache_key, r, shared) for k, r in zip(kv, rows, strict=True)]
         fresh = [len(r) - shared - n for r, (_, n) in zip(rows, starts, strict=True)]
         order = sorted(range(len(rows)), key=lambda i: fresh[i])  # slot s holds row order[s]: chunks are slices
         own = [rows[i][shared:] for i in order]
         cache = Rows.allocate(d, [len(x) for x in own], max(j.max_new for j in joiners))
         for slot, i in enumerate(order):
             cache.load(slot, *starts[i], shared)
-        logits = d._prefill(d._layers(adapter), own, [fresh[i] for i in order], shared, self.prefix, cache)
+        under = [adapters[i] for i in order]  # every adapter's rows in one pass, each row with its own LoRA
+        logits = d._prefill(
+            lambda slots: self._mixed(tuple(under[slots])), own, [fresh[i] for i in order], shared, self.prefix, cache
+        )
         first = len(self.joiners)
         self.joiners += joiners
         self.adapters += adapters
@@ -272,17 +273,22 @@ class Batch:
         return True
 
     def _weights(self) -> list:
-        """The layers the live rows decode under: their adapter's, or each row's own LoRA where they differ."""
+        """The layers the live rows decode under (see ``_mixed``), kept while the rows stay."""
         adapters = tuple(self.adapters[i] for i in self.active)
+        if self.mix is None or self.mix[0] != adapters:
+            self.mix = adapters, self._mixed(adapters)
+        return self.mix[1]
+
+    def _mixed(self, adapters: tuple) -> list:
+        """The layers rows of these adapters (one per row) compute under: their adapter's, or each row's own LoRA
+        where they differ."""
         if len(set(adapters)) == 1:
             return self.decoder._layers(adapters[0])
-        if self.mix is None or self.mix[0] != adapters:
-            slots: dict[str | None, list[int]] = {}
-            for slot, adapter in enumerate(adapters):
-                slots.setdefault(adapter, []).append(slot)
-            parts = [(torch.tensor(s), self.decoder._layers(a)) for a, s in slots.items()]
-            self.mix = adapters, mixed(self.decoder.base, parts)
-        return self.mix[1]
+        names = sorted({a for a in adapters if a is not None})
+        if self.stack is None or self.stack[0] != names:  # the factors are stacked anew only when the set changes
+            self.stack = names, stack([self.decoder._layers(a) for a in names])
+        owners = torch.tensor([-1 if a is None else names.index(a) for a in adapters])
+        return mixed(self.decoder.base, self.stack[1], owners)
 
     def _pick(self, logits: torch.Tensor, rows: list[int], seen: torch.Tensor | None) -> torch.Tensor:
         """Each slot's next token: the repetition penalty on the tokens its row holds, its grammar, then the pick."""

@@ -256,9 +256,16 @@ class Decoder:
         return seq, n
 
     def _prefill(
-        self, weights: Layers, own: list[list[int]], fresh: list[int], shared: int, prefix: Sequence, cache: Rows
+        self,
+        weights: Callable[[slice], Layers],
+        own: list[list[int]],
+        fresh: list[int],
+        shared: int,
+        prefix: Sequence,
+        cache: Rows,
     ) -> torch.Tensor:
         """Compute each slot's fresh prompt tokens in chunks of similar count; returns each slot's next-token logits.
+        ``weights``: the layers a chunk's slots compute under.
 
         A chunk computes the last ``window`` own tokens of each of its rows (its largest fresh count): a row with
         fewer fresh tokens recomputes a few stored ones, which keeps the chunk one rectangle.
@@ -274,7 +281,7 @@ class Decoder:
             ids = torch.tensor([[0] * (window - len(x)) + x for x in chunk])  # left-padded to the window
             ends = [shared + len(x) for x in own[start:end]]
             positions = torch.tensor([range(e - window, e) for e in ends]).clamp(min=0)
-            hidden = self._chunk(weights, ids, positions, prefix, cache, start)
+            hidden = self._chunk(weights(slice(start, end)), ids, positions, prefix, cache, start)
             last[start:end] = self._logits(hidden[:, -1])
             self.stats.prefill_tokens += sum(len(x) for x in chunk)
             start = end

@@ -392,27 +392,29 @@ def test_a_decoder_over_4bit_layers_reads_their_codes(tiny_model_dir, tmp_path) 
 
 
 def test_rows_of_other_adapters_join_and_decode_what_they_decode_alone(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
-    """A batch of the bare base is joined by a row under an adapter, then by one of the base: the prefix is cut,
-    each step adds each row's own LoRA, and every row gets the tokens it gets alone under its adapter."""
+    """A batch of the bare base is joined by a row under an adapter, then at once by one of the base and one under a
+    second adapter (another rank, other layers): the prefix is cut, each prefill and step adds each row's own LoRA,
+    and every row gets the tokens it gets alone under its adapter."""
     from peft import LoraConfig, get_peft_model
 
     from autoevolve.model import load
     from autoevolve.policy.batch import Joiner
 
-    lm, _ = load(str(tiny_model_dir), "float32")
-    get_peft_model(lm, LoraConfig(r=4, target_modules=["q_proj", "up_proj"], init_lora_weights=False)).save_pretrained(
-        tmp_path
-    )
     fast, _ = pair
-    fast.add_adapter("mix", str(tmp_path))
+    for name, rank, targets in (("mix", 4, ["q_proj", "up_proj"]), ("other", 2, ["v_proj", "up_proj", "down_proj"])):
+        lm, _ = load(str(tiny_model_dir), "float32")
+        config = LoraConfig(r=rank, target_modules=targets, init_lora_weights=False)
+        get_peft_model(lm, config).save_pretrained(tmp_path / name)
+        fast.add_adapter(name, str(tmp_path / name))
     decoder = Decoder(fast.base, fast._stop_ids)  # noqa: SLF001
     decoder.stop_ids = set()
-    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(3, 8)]  # noqa: SLF001
-    under = [None, "mix", None]
+    rows = [fast.tokenizer(fast._template(r), add_special_tokens=False)["input_ids"] for r in _requests(4, 8)]  # noqa: SLF001
+    under = [None, "mix", None, "other"]
     alone = [decoder.generate([r], adapter=a, max_new=10)[0] for r, a in zip(rows, under, strict=True)]
-    assert alone[1] != decoder.generate([rows[1]], adapter=None, max_new=10)[0]  # the adapter changes the tokens
+    for i in (1, 3):  # each adapter changes the tokens
+        assert alone[i] != decoder.generate([rows[i]], adapter=None, max_new=10)[0]
     finished: dict[int, list[int]] = {}
-    plan, steps = {2: [1], 4: [2]}, iter(range(1, 100))
+    plan, steps = {2: [1], 4: [2, 3]}, iter(range(1, 100))  # the last two join in one pass, each under its own
 
     def arrivals(live: int) -> list[Joiner]:
         return [
@@ -421,4 +423,4 @@ def test_rows_of_other_adapters_join_and_decode_what_they_decode_alone(tiny_mode
         ]
 
     [first] = decoder.generate([rows[0]], adapter=None, max_new=10, arrivals=arrivals)
-    assert [first, finished[1], finished[2]] == alone and not plan
+    assert [first, finished[1], finished[2], finished[3]] == alone and not plan
