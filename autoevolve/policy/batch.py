@@ -71,7 +71,7 @@ class Batch:
     rows that join are prefilled against the batch's shared prefix, shortened first to what they share with it (the
     rows already live take the cut tokens' keys and values into their own). The call's rows decode under its
     adapter; a row that joins may bring another (the prefix, computed under the call's adapter, is then cut to
-    nothing), and a step over rows of several adapters adds each row's own LoRA (``weights.Mixed``)."""
+    nothing), and a step or prefill over rows of several adapters adds each row's own LoRA (``weights.Mixed``)."""
 
     def __init__(
         self,
