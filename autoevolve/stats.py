@@ -34,8 +34,9 @@ def sign_flip_p(diffs: list[float], seed: int = 0) -> float:
     differences whose sum reaches the observed sum. Exact, by counting the sums each flip reaches (rewards on few
     levels reach few sums); zero differences flip to themselves. Past ``EXACT_SUMS`` distinct sums, ``FLIPS`` seeded
     random flips estimate it instead, (1 + hits) / (1 + draws)."""
-    steps = [round(abs(d) * 1e6) for d in diffs if round(abs(d) * 1e6)]  # integer micro-units: exact sums
-    observed = round(sum(diffs) * 1e6)
+    micro = [round(d * 1e6) for d in diffs]  # integer micro-units: exact sums
+    steps = [abs(m) for m in micro if m]
+    observed = sum(micro)  # of the rounded differences: the flips' sums are of those too
     sums: dict[int, int] = {0: 1}
     for step in steps:
         reached: dict[int, int] = defaultdict(int)

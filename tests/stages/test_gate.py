@@ -225,6 +225,8 @@ def test_the_gate_promotes_an_equal_adapter_in_at_most_5_percent_of_200_trials_a
 def test_the_sign_flip_p_value_is_exact_on_small_samples() -> None:
     assert sign_flip_p([1.0] * 8) == 1 / 256  # all 2^8 flips: only the observed one reaches the sum
     assert sign_flip_p([1.0, 0.0, 0.0]) == 0.5  # a zero difference flips to itself
+    # differences averaged over seeds: each rounds down, their sum does not; the observed flip still counts
+    assert sign_flip_p([1 / 3] * 3) == 1 / 8
     assert sign_flip_p([1.0, -1.0, 1.0, 1.0]) == 5 / 16  # sums >= 2: all four plus, or one of four minus
     assert sign_flip_p([0.5, 0.25, -0.25]) == 3 / 8  # sums >= 0.5 of 0.5 ± 0.25 ± 0.25
     assert sign_flip_p([]) == 1.0 and sign_flip_p([-1.0] * 4) == 1.0
