@@ -89,7 +89,7 @@ class Batch:
         self.sampling = sampling
         self.adapters: list[str | None] = []  # per row: the adapter it decodes under
         self.mix: tuple[tuple, list] | None = None  # the live rows' adapters and the layers made for them
-        self.stack: tuple[list, list] | None = None  # the adapters among them, and their factors side by side
+        self.stacked: tuple[list, list] | None = None  # the adapters among them, and their factors side by side
         self.seen: torch.Tensor | None = None  # [live slots, vocabulary]: tokens in each row (repetition penalty)
         self.generator = torch.Generator().manual_seed(seed)
         self.joiners: list[Joiner] = []  # per row, in the order rows came
@@ -285,10 +285,10 @@ class Batch:
         if len(set(adapters)) == 1:
             return self.decoder._layers(adapters[0])
         names = sorted({a for a in adapters if a is not None})
-        if self.stack is None or self.stack[0] != names:  # the factors are stacked anew only when the set changes
-            self.stack = names, stack([self.decoder._layers(a) for a in names])
+        if self.stacked is None or self.stacked[0] != names:  # the factors are stacked anew only when the set changes
+            self.stacked = names, stack([self.decoder._layers(a) for a in names])
         owners = torch.tensor([-1 if a is None else names.index(a) for a in adapters])
-        return mixed(self.decoder.base, self.stack[1], owners)
+        return mixed(self.decoder.base, self.stacked[1], owners)
 
     def _pick(self, logits: torch.Tensor, rows: list[int], seen: torch.Tensor | None) -> torch.Tensor:
         """Each slot's next token: the repetition penalty on the tokens its row holds, its grammar, then the pick."""

@@ -142,7 +142,7 @@ class Mixed:
     """One group's projection for a batch whose rows use several adapters: the base weight for every row, then
     every adapter's LoRA in two products for all rows, each row's middle values masked to its own adapter's columns
     (a row of the base keeps none): three ops a group however many adapters the batch holds. Picking each adapter's
-    rows out and adding them back instead took 144-149 ms a step of 16 rows over the base and two adapters, against
+    rows out and adding them back instead took 144-148 ms a step of 16 rows over the base and two adapters, against
     135-141 ms this way (the base alone: 107-117 ms)."""
 
     base: Projection
