@@ -394,7 +394,8 @@ def test_a_decoder_over_4bit_layers_reads_their_codes(tiny_model_dir, tmp_path) 
 def test_rows_of_other_adapters_join_and_decode_what_they_decode_alone(tiny_model_dir, tmp_path, pair) -> None:  # noqa: ANN001
     """A batch of the bare base is joined by a row under an adapter, then at once by one of the base and one under a
     second adapter (another rank, other layers): the prefix is cut, each prefill and step adds each row's own LoRA,
-    and every row gets the tokens it gets alone under its adapter."""
+    and every row gets the tokens it gets alone under its adapter; under a cache key every row's keys and values are
+    kept under its own adapter, and a later call under it starts from them."""
     from peft import LoraConfig, get_peft_model
 
     from autoevolve.model import load
@@ -424,3 +425,10 @@ def test_rows_of_other_adapters_join_and_decode_what_they_decode_alone(tiny_mode
 
     [first] = decoder.generate([rows[0]], adapter=None, max_new=10, arrivals=arrivals)
     assert [first, finished[1], finished[2], finished[3]] == alone and not plan
+    plan, steps = {2: [1], 4: [2, 3]}, iter(range(1, 100))
+    decoder.generate([rows[0]], adapter=None, max_new=10, arrivals=arrivals, cache_key="chat")
+    assert sorted({s.adapter or "" for s in decoder.store.entries.values()}) == ["", "mix", "other"]
+    for i in (1, 3):
+        mark = decoder.stats.reused_tokens
+        assert decoder.generate([rows[i]], adapter=under[i], max_new=10, cache_key="chat") == [alone[i]]
+        assert decoder.stats.reused_tokens - mark == len(rows[i]) - 1  # all its prompt but the token it feeds
