@@ -154,7 +154,8 @@ def plot(budgets: list[dict[str, Any]], path: Path, title: str) -> None:
         shifted = [x * (1 + 0.03 * (i - 1.5)) for x in xs]  # side by side at each budget
         ax.errorbar(shifted, ys, yerr=[lo, hi], marker="o", capsize=3, label=arm)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [f"{b['labels']}\n({len(b['seeds'])} seed{'s' * (len(b['seeds']) > 1)})" for b in budgets])
+    seeds = [len(b["seeds"]) for b in budgets]
+    ax.set_xticks(xs, [f"{x}\n({n} seed{'' if n == 1 else 's'})" for x, n in zip(xs, seeds, strict=True)])
     ax.set_xlabel("labelled train tasks (N)")
     ax.set_ylabel("test score, original config")
     ax.set_ylim(-0.02, 1.02)
