@@ -257,6 +257,16 @@ class RunConfig(Section):
         return check_name(name)
 
     @model_validator(mode="after")
+    def _pairs_for_dpo(self) -> RunConfig:
+        """DPO trains on (win, the original's rollout on the same task) pairs: every win needs its pair."""
+        if self.select.unpaired_after is not None and self.distill.trainer == "dpo":
+            raise ValueError(
+                "select.unpaired_after: trainer dpo needs each win paired with the original's rollout on its task; "
+                "leave out select.unpaired_after, or train with sft"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _labels_fit(self) -> RunConfig:
         """A labelled budget needs the references on, and only SFT trains on references."""
         if self.labels is None:

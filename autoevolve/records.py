@@ -175,7 +175,9 @@ class Candidate(Record):
 
 
 class SelectedTrajectory(Record):
-    """A kept evolved-config rollout and the baseline rollout it beat on the same task."""
+    """A kept evolved-config rollout and the baseline rollout it beat on the same task; a ``baseline_sample`` of -1
+    means no rollout beside it: ``baseline_reward`` is then the original's mean on the task's tier
+    (``select.unpaired_after``)."""
 
     task_id: str
     hcp_id: str
@@ -188,8 +190,9 @@ class SelectedTrajectory(Record):
 
     @property
     def pairs_with_baseline(self) -> bool:
-        """The baseline failed and lost: (this, baseline) is a (chosen, rejected) preference pair."""
-        return self.baseline_reward < 1.0 and self.baseline_reward < self.reward
+        """The baseline failed and lost: (this, baseline) is a (chosen, rejected) preference pair (a baseline sample of
+        -1 is the original's rate on the tier, no rollout: no pair)."""
+        return self.baseline_sample >= 0 and self.baseline_reward < 1.0 and self.baseline_reward < self.reward
 
 
 class Selection(Record):

@@ -65,6 +65,11 @@ def test_quickstart_loads() -> None:
             "distill.grpo.genrations: unknown key",
         ),
         (
+            f"hcp: {ROOT}/prompts/life.yaml\nselect: {{unpaired_after: 16}}\ndistill: {{trainer: dpo}}\n",
+            "select.unpaired_after: trainer dpo needs each win paired with the original's rollout on its task; "
+            "leave out select.unpaired_after, or train with sft",
+        ),
+        (
             f"hcp: {ROOT}/prompts/life.yaml\ndistill: {{trainer: dpo, rehearse: true}}\n",
             "distill.rehearse: Value error, only trainer sft rehearses (the trainer is dpo); set rehearse: false",
         ),

@@ -29,7 +29,7 @@ run_dir: {tmp}/runs
 env: {{tiers: [1], n_train: 96, n_dev: 24, n_test: 16}}
 labels: {{budget: 8}}
 evolve: {{train_tasks: 12, dev_tasks: 16, candidates: 1, mutators: [demos], demo_pool: 12}}
-select: {{train_tasks: 48, rollouts: 72, own_demos: true}}
+select: {{train_tasks: 48, rollouts: 72, own_demos: true, unpaired_after: 8}}
 distill: {{epoch_grid: [1, 2, 4], dev_tasks: 8, batch_size: 4}}
 gate: {{dev_tasks: 16, test_tasks: 8, guard: {{env: {{tiers: [2], n_train: 8, n_dev: 4, n_test: 4}}, tasks: 4}}}}
 """
@@ -105,7 +105,12 @@ def test_the_round_learned_from_the_labels_and_the_harvest(round_run) -> None:
     assert report["labels"]["budget"] == 8 and report["promoted"]
     with Store(config.store, read_only=True) as store:
         selection = store.selection(store.adapters("L1-life")[0].selection_id)
+        original = store.trajectories("it-round", hcp_id=config.original_hcp().id, adapter="")
     assert not {i.task_id for i in selection.items} & set(report["labels"]["tasks"])  # wins on unlabelled tasks
+    # The original solved none of stage 1's 16 dev tasks: no win was paired with a rollout of its own on its task.
+    dev = [t.reward for t in original if t.stage == "evolve"]
+    assert len(dev) == 16 and max(dev) < 1.0 and not [t for t in original if t.split == "train"]
+    assert all(i.baseline_sample == -1 and i.baseline_reward == pytest.approx(sum(dev) / 16) for i in selection.items)
     assert report["train"]["examples"] == report["selected"] + 8  # the wins and the 8 references
     assert set(report["train"]["dev_by_epoch"]) <= {"1", "2", "4"} and report["train"]["epochs"] in (1.0, 2.0, 4.0)
     gain = report["eval"]["new_original"] - report["eval"]["live_original"]

@@ -10,10 +10,13 @@ sampled config on the tasks still not won, pass after pass, until the budget is 
 shows, as nearest demos, the full-reward rollouts won so far, so the teacher grows with its own wins. A round's
 samples are numbered from ``round * ROUND_SAMPLES``, so each round draws new ones. The original config is rolled
 out only where something won (the rest has nothing to pair), and a task it is known to solve (its rollouts stored
-before, by a curriculum's plan) is not sampled. Then no tier may keep more than ``tier_ratio`` times the items of
-the harder tier with the fewest, so easy tasks do not dominate and a hard tier is never cut to make room for an
-easy one. Each item names the baseline rollout it beat (the original's lowest-reward sample), which also makes the
-(chosen, rejected) pairs for preference training.
+before, by a curriculum's plan) is not sampled. With ``unpaired_after``, neither is a won task of a tier where the
+original's stored train and dev rollouts (stage 1's dev scores) already cover that many tasks and solve none: its
+wins beat the original's rate there, and the rollouts pairing would cost are saved. Then no tier may keep more than
+``tier_ratio`` times the items of the harder tier with the fewest, so easy tasks do not dominate and a hard tier is
+never cut to make room for an easy one. Each item names the baseline rollout it beat (the original's lowest-reward
+sample; sample -1 and the tier's rate when unpaired), which also makes the (chosen, rejected) pairs for preference
+training.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import itertools
 import json
 import math
 from collections import defaultdict
+from typing import NamedTuple
 
 from autoevolve.harness.hcp import Demo, HCPConfig
 from autoevolve.harness.workbench import Workbench
-from autoevolve.records import Message, SelectedTrajectory, Selection, Task, Trajectory
+from autoevolve.records import Message, SelectedTrajectory, Selection, Split, Task, Trajectory
 from autoevolve.stages.settings import SelectSettings
 from autoevolve.stats import mean
 
@@ -79,16 +83,22 @@ def select(
         for t in harvest(bench, configs, open_tasks(), left, adapter, first + s.best_of, s.min_reward, demos):
             draws[t.task_id].append(t)
     candidates = {t.task_id for t in won()}
+    unsolved = _unsolved_tiers(bench, original, adapter, s) if s.unpaired_after else {}
     in_play = [t for t in tasks if t.id in candidates]  # the original is rolled out where something may beat it
-    baseline = _by_task(bench.rollouts(original, in_play, adapter=adapter, stage="select", samples=s.samples))
+    paired = [t for t in in_play if t.tier not in unsolved]
+    baseline = {
+        task: [Beaten(t.hcp_id, t.sample, t.reward) for t in base]
+        for task, base in _by_task(bench.rollouts(original, paired, adapter, "select", samples=s.samples)).items()
+    }
+    baseline |= {t.id: [Beaten(original.id, -1, unsolved[t.tier])] for t in in_play if t.tier in unsolved}
     tiers = {t.id: t.tier for t in tasks}
-    kept: list[tuple[Trajectory, Trajectory]] = []
+    kept: list[tuple[Trajectory, Beaten]] = []
     for task_id, base in sorted(baseline.items()):
-        bar = mean([t.reward for t in base]) + s.margin
+        bar = mean([b.reward for b in base]) + s.margin
         winners = [trajs[task_id] for trajs in by_config if mean([t.reward for t in trajs.get(task_id, [])]) > bar]
         wins = [t for trajs in winners for t in trajs]  # a config wins by its mean: one lucky sample is not a win
         wins += [t for t in draws.get(task_id, []) if t.reward > bar]  # a sample wins on its own
-        worst = min(base, key=lambda t: t.reward)  # first of equals
+        worst = min(base, key=lambda b: b.reward)  # first of equals
         kept += [(t, worst) for t in _best_distinct(wins, s.min_reward, s.max_per_task)]
     kept = _balance(kept, tiers, s.tier_ratio)
     items = [_item(win, base) for win, base in kept]
@@ -155,6 +165,31 @@ def _solved(bench: Workbench, original: HCPConfig, adapter: str, ids: list[str],
     return {task for task, r in rewards.items() if len(r) == samples and min(r) >= 1.0}
 
 
+class Beaten(NamedTuple):
+    """The original's rollout a win beat (sample -1: none, the original's mean reward on the task's tier)."""
+
+    hcp_id: str
+    sample: int
+    reward: float
+
+
+def _unsolved_tiers(bench: Workbench, original: HCPConfig, adapter: str, s: SelectSettings) -> dict[int, float]:
+    """Tiers where the original's stored train and dev rollouts under ``adapter`` (stage 1's dev scores, say) cover
+    ``s.unpaired_after`` tasks or more and reach ``s.min_reward`` on none, each with the original's mean reward
+    there. Test rollouts never decide."""
+    splits: tuple[Split, ...] = ("train", "dev")
+    tier_of = {t.id: t.tier for split in splits for t in bench.env.tasks(split)}
+    by_tier: dict[int, list[Trajectory]] = defaultdict(list)
+    for t in bench.store.trajectories(bench.run_id, hcp_id=original.id, adapter=adapter):
+        if t.task_id in tier_of:
+            by_tier[tier_of[t.task_id]].append(t)
+    return {
+        tier: mean([t.reward for t in rolled])
+        for tier, rolled in by_tier.items()
+        if len({t.task_id for t in rolled}) >= (s.unpaired_after or 0) and all(t.reward < s.min_reward for t in rolled)
+    }
+
+
 def _best_distinct(wins: list[Trajectory], min_reward: float, limit: int) -> list[Trajectory]:
     """Up to ``limit`` highest-reward rollouts (shorter first among equals), no two with the same conversation."""
     out, seen = [], set()
@@ -175,13 +210,13 @@ def _calls(message: Message) -> list[tuple[str, str]]:
 
 
 def _balance(
-    kept: list[tuple[Trajectory, Trajectory]], tiers: dict[str, int], ratio: float | None
-) -> list[tuple[Trajectory, Trajectory]]:
+    kept: list[tuple[Trajectory, Beaten]], tiers: dict[str, int], ratio: float | None
+) -> list[tuple[Trajectory, Beaten]]:
     """Cap each tier at ``ratio`` x the count of the harder tier (higher number) with the fewest items, keeping
     the largest gains over the baseline: easy wins never crowd out hard ones, and the hardest tier is never cut."""
     if ratio is None:
         return kept
-    by_tier: dict[int, list[tuple[Trajectory, Trajectory]]] = defaultdict(list)
+    by_tier: dict[int, list[tuple[Trajectory, Beaten]]] = defaultdict(list)
     for pair in kept:
         by_tier[tiers[pair[0].task_id]].append(pair)
     out = []
@@ -192,7 +227,7 @@ def _balance(
     return sorted(out, key=lambda p: (p[0].task_id, -p[0].reward))
 
 
-def _item(win: Trajectory, base: Trajectory) -> SelectedTrajectory:
+def _item(win: Trajectory, base: Beaten) -> SelectedTrajectory:
     """The record of one kept rollout and the baseline rollout it beat."""
     return SelectedTrajectory(
         task_id=win.task_id,

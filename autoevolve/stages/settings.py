@@ -193,6 +193,14 @@ class SelectSettings(Section):
         description="Harvest passes show the rollouts won so far as demos (a config picking demos by nearness): the "
         "teacher grows with its own wins.",
     )
+    unpaired_after: int | None = Field(
+        default=None,
+        gt=0,
+        description="On a tier where the original's stored train and dev rollouts (stage 1's dev scores) already "
+        "cover this many tasks and reach min_reward on none, wins are kept without rolling the original out beside "
+        "each (they beat its rate on the tier), which saves those rollouts. Their baseline sample is -1, so they make "
+        "no preference pair (not with trainer dpo). None: every win is paired with the original on its own task.",
+    )
     new_tier_demos: int = Field(
         default=0,
         ge=0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
@@ -190,3 +192,26 @@ def test_each_tier_is_sampled_under_its_own_config(tmp_path) -> None:
             bench, original, [best], [t1, t2], SelectSettings(best_of=1, min_reward=1.0), sampled=sampled
         )
     assert [(i.task_id, i.hcp_id) for i in selection.items] == [(t1.id, best.sampled(0.7).id), (t2.id, opener.id)]
+
+
+def test_a_tier_the_original_never_solves_keeps_its_wins_unpaired(tmp_path) -> None:
+    env = LifeEnv(tiers=(1, 2))
+    ones = [t for t in env.tasks("train") if t.tier == 1][:6]
+    two = next(t for t in env.tasks("train") if t.tier == 2)
+    original = HCPConfig.from_yaml("prompts/life.yaml")
+    best = original.model_copy(update={"tool_format": "python"})
+    with Store(tmp_path / "s.duckdb") as store:
+        for task, reward in zip(ones[:4], [0.0, 0.5, 0.0, 0.5], strict=True):  # stage 1's: 4 tasks, none solved
+            _put(store, original, task.id, [reward])
+        _put(store, original, two.id, [1.0])  # tier 2: the original solves its one task
+        for task in [*ones, two]:
+            _put(store, best, task.id, [1.0])
+        bench = Workbench(NoCalls(), env, store, run_id="r", progress=None)  # asking for a rollout fails
+        settings = SelectSettings(min_reward=1.0, tier_ratio=None, unpaired_after=4)
+        selection = select(bench, original, [best], [*ones, two], settings)
+        with pytest.raises(AssertionError, match="regenerated"):  # 5 tasks needed: tasks 4 and 5 must be paired
+            select(bench, original, [best], [*ones, two], settings.model_copy(update={"unpaired_after": 5}))
+    assert [(i.task_id, i.baseline_sample, i.baseline_reward) for i in selection.items] == [
+        (t.id, -1, 0.25) for t in sorted(ones, key=lambda t: t.id)
+    ]
+    assert not any(i.pairs_with_baseline for i in selection.items)
