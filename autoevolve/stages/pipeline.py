@@ -422,6 +422,12 @@ def _trained(x: Distilled) -> str:
     return f"{x.adapter.ref} trained on {t.examples} examples, {t.steps} steps{chosen}"
 
 
+def _unpaired(s: Selection) -> str:
+    """How many kept wins had no rollout of the original beside them (``select.unpaired_after``)."""
+    n = sum(i.baseline_sample < 0 for i in s.items)
+    return f" ({n} unpaired: the original solves none of their tier's stored tasks)" if n else ""
+
+
 SUMMARY: dict[str, Any] = {  # each stage's one line when it ends
     "warm": lambda x: f"{x.adapter.ref} {x.adapter.status} (dev gain {x.dev.gain:+.3f})",
     "plan": lambda p: p.why,
@@ -429,7 +435,7 @@ SUMMARY: dict[str, Any] = {  # each stage's one line when it ends
         f"{len(e.candidates) - 1} children tried, best dev {e.best_dev:.3f} (the original "
         f"{e.candidates[0].mean_reward:.3f}), {e.budget.get('rollouts', 0)} rollouts, stopped on {e.budget.get('stop')}"
     ),
-    "select": lambda s: f"kept {len(s.items)} wins on {len({i.task_id for i in s.items})} tasks",
+    "select": lambda s: f"kept {len(s.items)} wins on {len({i.task_id for i in s.items})} tasks" + _unpaired(s),
     "distill": _trained,
     "gate": lambda dev: f"{dev.decision} (dev gain {dev.gain:+.3f}, p = {dev.p_value:.4f})",
     "decide": lambda x: f"{x.adapter.ref} {x.adapter.status}",

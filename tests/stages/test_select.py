@@ -8,6 +8,7 @@ from autoevolve.envs.life import LifeEnv
 from autoevolve.harness.hcp import HCPConfig
 from autoevolve.harness.workbench import Workbench
 from autoevolve.records import Message, Trajectory
+from autoevolve.stages.pipeline import SUMMARY
 from autoevolve.stages.select import ROUND_SAMPLES, select
 from autoevolve.stages.settings import SelectSettings
 from autoevolve.store import Store
@@ -215,3 +216,6 @@ def test_a_tier_the_original_never_solves_keeps_its_wins_unpaired(tmp_path) -> N
         (t.id, -1, 0.25) for t in sorted(ones, key=lambda t: t.id)
     ]
     assert not any(i.pairs_with_baseline for i in selection.items)
+    assert SUMMARY["select"](selection) == (
+        "kept 6 wins on 6 tasks (6 unpaired: the original solves none of their tier's stored tasks)"
+    )
