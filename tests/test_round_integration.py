@@ -110,7 +110,10 @@ def test_the_round_learned_from_the_labels_and_the_harvest(round_run) -> None:
     # The original solved none of stage 1's 16 dev tasks: no win was paired with a rollout of its own on its task.
     dev = [t.reward for t in original if t.stage == "evolve"]
     assert len(dev) == 16 and max(dev) < 1.0 and not [t for t in original if t.split == "train"]
-    assert all(i.baseline_sample == -1 and i.baseline_reward == pytest.approx(sum(dev) / 16) for i in selection.items)
+    unpaired = [
+        i for i in selection.items if i.baseline_sample == -1 and i.baseline_reward == pytest.approx(sum(dev) / 16)
+    ]
+    assert len(unpaired) == len(selection.items) >= 1
     assert report["train"]["examples"] == report["selected"] + 8  # the wins and the 8 references
     assert set(report["train"]["dev_by_epoch"]) <= {"1", "2", "4"} and report["train"]["epochs"] in (1.0, 2.0, 4.0)
     gain = report["eval"]["new_original"] - report["eval"]["live_original"]
