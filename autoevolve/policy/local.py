@@ -42,6 +42,10 @@ class LocalPolicy:
         """``compact_weights``: the decoder's steps of a few rows read compact copies of fp32 weights;
         ``compiled_steps``: a lone row decodes through a compiled step once it is compiled (see ``Decoder``)."""
         self.model_name = model
+        if compact_weights and dtype == "auto" and not torch.cuda.is_available():
+            # The compact copies are made from fp32 weights (a 4-bit weight is recognised in its dequantised fp32
+            # values); a bf16 load, "auto" on a CPU with native bf16, would leave every step reading bf16 weights.
+            dtype = "float32"
         self.base, self.tokenizer = model_loader.load(model, dtype)
         # Served, never trained (training loads a fresh copy). Frozen now, as PEFT freezes it on the first adapter:
         # the compiled step's guards check the parameters, so a runtime load must not change them (a recompile).
