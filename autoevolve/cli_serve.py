@@ -126,7 +126,11 @@ def serve(args: argparse.Namespace) -> int:
         model = EMBEDDED  # the embedded copy of that model: no hub needed
     print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
     policy = LocalPolicy(
-        model, batch_size=args.batch_size, compact_weights=not args.fp32_weights, compiled_steps=not args.eager
+        model,
+        batch_size=args.batch_size,
+        dtype="float32" if args.fp32_weights else "auto",  # "auto" with compact copies: fp32 on a CPU too
+        compact_weights=not args.fp32_weights,
+        compiled_steps=not args.eager,
     )
     fleet = open_fleet(
         store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None

@@ -345,6 +345,19 @@ def test_a_compact_weights_decoder_keeps_fp32_for_several_rows(tiny_model_dir, p
     assert one.completion_tokens == 16 and one.text == halved.generate(requests[:1])[0].text
 
 
+def test_compact_weights_load_fp32_where_auto_would_pick_bf16(tiny_model_dir, monkeypatch) -> None:  # noqa: ANN001
+    """On a CPU with native bf16, "auto" loads bf16 weights, of which no compact copy is made: serving there kept
+    every step on bf16 products. Compact weights load fp32 instead; a plain policy keeps "auto"."""
+    from autoevolve import model as model_loader
+
+    monkeypatch.setattr(model_loader, "native_bf16", lambda: True)
+    assert LocalPolicy(str(tiny_model_dir), 8).base.dtype == torch.bfloat16
+    compact = LocalPolicy(str(tiny_model_dir), 8, compact_weights=True)
+    assert compact.base.dtype == torch.float32
+    assert compact.decoder is not None and compact.decoder.logits.half is not None  # a compact copy, made from fp32
+    assert LocalPolicy(str(tiny_model_dir), 8, "bfloat16", compact_weights=True).base.dtype == torch.bfloat16
+
+
 def _four_bit(weight: torch.Tensor) -> torch.Tensor:
     """The weight snapped to 4 bits per group of 32 inputs (as a Q4_1 GGUF's layers dequantise)."""
     groups = weight.reshape(weight.shape[0], -1, 32)
