@@ -1,14 +1,16 @@
 """Label efficiency: the loop beside the cheap recipes at 4, 8, 16 and 48 labelled tasks, over seeds.
 
 Per seed and budget N (the seed draws the N labelled tasks and the unlabelled pool; the test tasks stay), the run
-config (default: the quickstart) runs with ``labels.budget: N`` and ``seed``, and beside it ``bench/baselines.py``'s
-arms on the same labels, rollout budget and test tasks: sft_refs, sft_then_rft (expert iteration) and icl_distill
-(no search). Per budget and arm: the mean test score over seeds with its hierarchical 95% interval (seeds resampled,
-then test tasks within each); the loop's paired lead over sft_refs, over icl_distill and over the better of sft_refs
-and sft_then_rft, with its interval and the paired sign-flip p (per test task, averaged over seeds), Holm-adjusted
-across the budgets. The checks: at N = 8 and 16 the loop leads the better baseline by >= +0.05 with the interval's
-lower end above 0, and sft_refs by >= +0.15; at N = 48 its lower end >= -0.03 against the better baseline; at every
-budget the lower end of loop - icl_distill >= -0.03 (the loop is never worse than the simpler recipe it contains).
+config (default: the quickstart) runs with ``labels.budget: N``, ``seed`` and the bench's own stage settings
+(``CELL_SETTINGS``: the harvest and training-length grid every cell has used, larger than the quickstart's since its
+demo was cut to fit 10 minutes), and beside it ``bench/baselines.py``'s arms on the same labels, rollout budget and
+test tasks: sft_refs, sft_then_rft (expert iteration) and icl_distill (no search). Per budget and arm: the mean
+test score over seeds with its hierarchical 95% interval (seeds resampled, then test tasks within each); the loop's
+paired lead over sft_refs, over icl_distill and over the better of sft_refs and sft_then_rft, with its interval and
+the paired sign-flip p (per test task, averaged over seeds), Holm-adjusted across the budgets. The checks: at N = 8
+and 16 the loop leads the better baseline by >= +0.05 with the interval's lower end above 0, and sft_refs by >= +0.15;
+at N = 48 its lower end >= -0.03 against the better baseline; at every budget the lower end of loop - icl_distill
+>= -0.03 (the loop is never worse than the simpler recipe it contains).
 
 Each (seed, budget) cell is kept in trajectories/label_efficiency/cells.json with the code id that made it and is
 reused only while the code is unchanged; the table, the plot (PNG) and the JSON are written from the cells.
@@ -34,15 +36,23 @@ from baselines import run_seed  # noqa: E402
 
 ARMS = ("loop", "sft_refs", "sft_then_rft", "icl_distill")
 BUDGETS = (4, 8, 16, 48)
+CELL_SETTINGS = {  # stage 2 harvests 160 unlabelled train tasks; stage 3 (and every arm) picks epochs from this grid
+    "select": {"train_tasks": 160, "rollouts": 320},
+    "distill": {"epoch_grid": [1, 2, 4, 8, 16]},
+}
 HOME = ROOT / "trajectories" / "label_efficiency"
 CELLS = HOME / "cells.json"
 RESULTS = ROOT / "bench" / "results"
 
 
 def cell_config(config: Any, seed: int, budget: int) -> Any:
-    """The run config of one cell: its labelled budget, seed and run id (its stores lie under the baselines')."""
-    labels = config.labels.model_copy(update={"budget": budget})
-    return config.model_copy(update={"seed": seed, "labels": labels, "run_id": f"{config.run_id}-n{budget}"})
+    """The run config of one cell: its labelled budget, seed, ``CELL_SETTINGS`` and run id (its stores lie under
+    the baselines')."""
+    update: dict[str, Any] = {"seed": seed, "run_id": f"{config.run_id}-n{budget}"}
+    update["labels"] = config.labels.model_copy(update={"budget": budget})
+    for stage, settings in CELL_SETTINGS.items():
+        update[stage] = getattr(config, stage).model_copy(update=settings)
+    return config.model_copy(update=update)
 
 
 def load_cells() -> dict[str, Any]:
@@ -60,6 +70,7 @@ def run_cell(config: Any, seed: int, budget: int, policy: Any) -> tuple[dict[str
     cell = {
         "seed": seed,
         "labels": budget,
+        "settings": CELL_SETTINGS,
         "code": code_id(),
         "commit": commit(),
         "minutes": round((time.perf_counter() - started) / 60, 1),
