@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from autoevolve.cli_common import DEFAULT_STORE, CommandError, positive, refusing, store_file
 
 if TYPE_CHECKING:
+    from autoevolve.fleet.serving.fleet import Fleet
     from autoevolve.policy.local import LocalPolicy
 
 HELP = (
@@ -87,6 +88,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     """Load the registry's adapters and serve them until interrupted (imported here: only this command needs them)."""
+    import torch
+
     from autoevolve.fleet.serving.app import run_server
     from autoevolve.fleet.serving.runtime_lora import RuntimeLoRA, enabled_by_env
     from autoevolve.fleet.serving.startup import open_fleet, recorded_folders, recorder
@@ -125,6 +128,8 @@ def serve(args: argparse.Namespace) -> int:
     if model == base_model_id(EMBEDDED):
         model = EMBEDDED  # the embedded copy of that model: no hub needed
     print(f"autoevolve serve: loading {model}" + (f" and the registry of {store}" if store else ", no registry"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # startup computes on this thread alone; the fleet's worker then takes them all (_warm)
     policy = LocalPolicy(
         model,
         batch_size=args.batch_size,
@@ -135,7 +140,7 @@ def serve(args: argparse.Namespace) -> int:
     fleet = open_fleet(
         store, policy, entry=args.entry, harnesses=harnesses, record=recorder(args.record) if args.record else None
     )
-    _warm(policy)
+    _warm(policy, fleet, threads)
     fleet.switch = args.switch
     print(f"serving {', '.join(c['id'] for c in fleet.cards())} on http://{args.host}:{args.port}/v1")
     if runtime is not None:
@@ -145,14 +150,19 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm(policy: LocalPolicy) -> None:
-    """Compile the one-row decode step before the server listens; where that fails, say why and decode eagerly."""
+def _warm(policy: LocalPolicy, fleet: Fleet, threads: int) -> None:
+    """Give the fleet's worker ``threads`` compute threads (the thread that decodes is the only one that computes:
+    see ``autoevolve.fleet.serving.worker``) and compile the one-row decode step there before the server listens;
+    where that fails, say why and decode eagerly."""
+    import torch
+
+    fleet.on_worker(lambda: torch.set_num_threads(threads))
     if policy.decoder is None or policy.decoder.streams is None:
         return
     print("compiling the one-row decode step for the base and each adapter shape (a minute or more the first time "
           "on a machine; --eager skips it)", flush=True)  # fmt: skip
     try:
-        print(f"  compiled in {policy.warm_steps():.0f} s", flush=True)
+        print(f"  compiled in {fleet.on_worker(policy.warm_steps):.0f} s", flush=True)
     except Exception as exc:  # noqa: BLE001 - no C++ compiler, an operation inductor lacks: serve eagerly
         policy.decoder.streams = None
         print(f"  not compiled ({type(exc).__name__}: {str(exc)[:200]}); lone requests decode eagerly", flush=True)

@@ -136,6 +136,11 @@ class Fleet:
         """Stop serving ``name`` (vLLM's ``unload_lora_adapter``); its requests wait ``swap_grace_s`` for a reload."""
         self._wait(self.worker.put(Control(lambda: self._unload(name))))
 
+    def on_worker(self, run: Callable[[], Any]) -> Any:
+        """Run ``run`` on the worker's thread, between batches, and return its result (or raise its exception): the
+        thread that decodes is the one that should compute anything else (see ``autoevolve.fleet.serving.worker``)."""
+        return self.worker.put(Control(run)).result()
+
     def cards(self) -> list[dict[str, Any]]:
         """``/v1/models``: the base model, each expert and each version served, and the router when there is one."""
         cards = [

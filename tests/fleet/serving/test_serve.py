@@ -90,6 +90,25 @@ def test_a_bare_model_is_served_with_no_store(peaked_dir) -> None:
     assert answer.usage.completion_tokens == 3 and answer.model == str(peaked_dir)
 
 
+def test_serve_gives_the_worker_thread_its_compute_threads_and_runs_startup_work_there(peaked_dir) -> None:
+    import torch
+
+    from autoevolve.cli_serve import _warm
+    from autoevolve.policy.local import LocalPolicy
+
+    fleet = open_fleet(None, policy := LocalPolicy(str(peaked_dir), dtype="float32"), say=lambda _: None)
+    here = torch.get_num_threads()
+    wanted = 1 if here > 1 else 2
+    try:
+        _warm(policy, fleet, wanted)
+        assert fleet.on_worker(torch.get_num_threads) == wanted and torch.get_num_threads() == here
+        assert fleet.on_worker(lambda: threading.current_thread().name) == "autoevolve-fleet"
+        with pytest.raises(ZeroDivisionError):
+            fleet.on_worker(lambda: 1 / 0)
+    finally:
+        torch.set_num_threads(here)  # the default threads made later start with
+
+
 def test_a_served_call_starts_from_the_prompt_prefix_an_earlier_call_computed(peaked_dir) -> None:
     """Prefix caching: a second conversation with the same system prompt reuses the first's keys and values for the
     tokens they share, and replies as a fresh model does."""
