@@ -12,9 +12,9 @@ The worker's thread should be the only one that computes with several threads (`
 work there). GNU OpenMP, which torch's CPU kernels use, keeps each computing thread's team of helper threads alive,
 and once the helpers it keeps outnumber the cores it stops spinning them between parallel regions: each of a decode
 step's ~90 small products then waits for its helper to wake. A team left by the main thread (loading the model,
-compiling the step) made every one-row step about twice as slow (measured on 2 cores: 16-19 ms a token from the
-worker against 7-8 ms from the thread that loaded it; ``autoevolve serve`` loads on one thread and gives the worker
-all of them).
+compiling the step) made every one-row step about twice as slow (measured on 2 cores: the compiled step took
+15.5-18.5 ms from the worker against 7.4-8.7 ms from the thread that loaded it; ``autoevolve serve`` loads on one
+thread and gives the worker all of them).
 """
 
 from __future__ import annotations
